@@ -1,0 +1,1 @@
+"""FlashAttention Kata: the grader's own code and the learner's tools."""

@@ -1,0 +1,89 @@
+"""The exercises in order, and where the code under test comes from (the target folder)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISES_DIR = ROOT / "exercises"
+SOLUTIONS_DIR = ROOT / "solutions"
+TESTS_DIR = ROOT / "tests"
+HINTS_DIR = ROOT / "hints"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    number: str  # "01"
+    name: str  # "safe_softmax"
+    title: str  # one line for the report
+    needs_gpu: bool = False  # compiled tests need CUDA; the rest runs in Triton's interpreter
+
+    @property
+    def stem(self) -> str:
+        return f"{self.number}_{self.name}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.stem}.py"
+
+    @property
+    def test_file(self) -> Path:
+        return TESTS_DIR / f"test_{self.stem}.py"
+
+    @property
+    def hint_file(self) -> Path:
+        return HINTS_DIR / f"{self.stem}.md"
+
+
+EXERCISES = [
+    Exercise("01", "safe_softmax", "softmax without overflow"),
+    Exercise("02", "online_softmax", "one pass: running max and running sum"),
+    Exercise("03", "merge_partials", "two partial results make one exact result"),
+    Exercise("04", "tiled_attention", "attention one tile at a time"),
+    Exercise("05", "io_counting", "count every element moved between HBM and SRAM"),
+    Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True),
+]
+
+
+def find(key: str) -> Exercise:
+    """The exercise named by `key`: "3", "03", "merge_partials" or "03_merge_partials"."""
+    for ex in EXERCISES:
+        if key in (ex.number, ex.number.lstrip("0"), ex.name, ex.stem, ex.filename):
+            return ex
+    names = ", ".join(ex.number for ex in EXERCISES)
+    raise LookupError(f"no exercise {key!r}: choose one of {names}")
+
+
+def resolve_target(solutions: bool = False, target: str | os.PathLike | None = None) -> Path:
+    """The folder whose files are tested: --target, else --solutions, else $KATA_TARGET, else exercises/."""
+    if target is not None:
+        path = Path(target)
+    elif solutions:
+        path = SOLUTIONS_DIR
+    elif os.environ.get("KATA_TARGET"):
+        path = Path(os.environ["KATA_TARGET"])
+    else:
+        path = EXERCISES_DIR
+    path = path.expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"target folder {path} does not exist")
+    return path
+
+
+def load(exercise: Exercise, target: Path) -> ModuleType:
+    """Import the exercise's file from `target` as a fresh module (its name starts with a digit)."""
+    path = target / exercise.filename
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the target folder must hold {exercise.filename}")
+    if str(ROOT) not in sys.path:  # exercise files may import kata.hbm
+        sys.path.insert(0, str(ROOT))
+    module_name = f"kata_target_{exercise.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # Triton's @jit and dataclasses look the module up by name
+    spec.loader.exec_module(module)
+    return module
