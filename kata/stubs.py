@@ -70,9 +70,13 @@ def main(argv: list[str]) -> int:
         return 0
     stale = [f for f, text in stubs.items()
              if not (EXERCISES_DIR / f).exists() or (EXERCISES_DIR / f).read_text() != text]
-    if stale:
-        print(f"exercises/ out of sync with solutions/: {', '.join(stale)}\n"
-              f"fix: python -m kata.stubs --write")
+    stray = sorted(p.name for p in EXERCISES_DIR.glob("*.py") if p.name not in stubs)
+    if stale or stray:
+        if stale:
+            print(f"exercises/ out of sync with solutions/: {', '.join(stale)}\n"
+                  f"fix: python -m kata.stubs --write")
+        if stray:
+            print(f"exercises/ holds files no solution makes: {', '.join(stray)}\nfix: remove them")
         return 1
     print(f"stubs in sync: {len(stubs)} exercise files match their solutions")
     return 0
