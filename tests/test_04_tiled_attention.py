@@ -1,0 +1,287 @@
+"""Tests for exercise 04: tile_schedule against a brute-force dense mask, tiled_attention against
+a dense float64 oracle.
+
+Each test's name says the bug it catches; mutants/04_tiled_attention.toml holds those bugs.
+Keys and values that no scheduled tile covers hold NaN in every attention test: reading them is a bug.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from kata.checks import assert_close, assert_unmodified, describe
+
+MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
+FIRST_TILES = "a row whose first tiles are fully masked keeps m = -inf (shift by 0) and stays exact"
+RESCALE = "when m grows, l and acc are both multiplied by exp(m_old - m_new)"
+LISTED = "a tile is listed iff at least one (query, key) pair in it may attend"
+NEEDS_MASK = "needs_mask is True iff at least one pair in the tile may not attend"
+CAUSAL = "causal is top-left aligned: query i may attend key j iff j <= i"
+DTYPE = {np.float32: dict(rtol=2e-5, atol=1e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
+
+
+# ---- oracles: from the definitions, pair by pair, in float64 -------------------------------------
+
+def dense_allowed(n_q, n_k, causal=False, mask=None):
+    """True where query i may attend key j: the explicit mask AND (if causal) j <= i."""
+    allowed = np.ones((n_q, n_k), bool) if mask is None else np.array(mask, bool)
+    if causal:
+        allowed &= np.tri(n_q, n_k, dtype=bool)  # ones where j <= i
+    return allowed
+
+
+def oracle_schedule(n_q, n_k, block_q, block_k, causal=False, mask=None):
+    """Every tile of the dense mask, kept iff some pair may attend, flagged iff some pair may not."""
+    allowed = dense_allowed(n_q, n_k, causal, mask)
+    tiles = [(i, j, allowed[r:r + block_q, c:c + block_k])
+             for i, r in enumerate(range(0, n_q, block_q)) for j, c in enumerate(range(0, n_k, block_k))]
+    return [(i, j, not pairs.all()) for i, j, pairs in tiles if pairs.any()]
+
+
+def oracle_attention(q, k, v, allowed, scale):
+    """Dense attention in float64: lse by pairwise logaddexp, no running max anywhere."""
+    s = scale * (q.astype(np.float64) @ k.astype(np.float64).T)
+    s[~allowed] = -np.inf
+    lse = np.logaddexp.reduce(s, axis=1)
+    live = ~np.isneginf(lse)
+    p = np.zeros_like(s)
+    p[live] = np.exp(s[live] - lse[live, None])
+    return p @ v.astype(np.float64), lse
+
+
+# ---- checks -------------------------------------------------------------------------------------
+
+def tile_text(tile, n_q, n_k, block_q, block_k):
+    """`tile (1, 2): queries 3-5, key 4` — where a tile sits, cut to the bounds."""
+    def span(names, start, block, n):
+        last = min(start + block, n) - 1
+        return f"{names[0]} {start}" if start == last else f"{names[1]} {start}-{last}"
+    i, j = tile[:2]
+    return (f"tile ({i}, {j}): {span(('query', 'queries'), i * block_q, block_q, n_q)}, "
+            f"{span(('key', 'keys'), j * block_k, block_k, n_k)}")
+
+
+def assert_schedule(got, expected, n_q, n_k, block_q, block_k, label):
+    """The learner's schedule equals the brute-force one; the first difference is named."""
+    __tracebackhide__ = True
+    what = f"tile_schedule(n_q={n_q}, n_k={n_k}, block_q={block_q}, block_k={block_k}, {label})"
+    assert isinstance(got, list), f"{what}: expected a list of (i, j, needs_mask), got {type(got).__name__}"
+    for tile in got:
+        ok = (isinstance(tile, tuple) and len(tile) == 3 and type(tile[0]) is int
+              and type(tile[1]) is int and type(tile[2]) is bool)
+        assert ok, (f"{what}: {tile!r} is not a tuple (i, j, needs_mask) of Python int, int, bool "
+                    f"(NumPy ints and bools print alike but are other types: use int(...) and bool(...))")
+    place = lambda t: tile_text(t, n_q, n_k, block_q, block_k)  # noqa: E731
+    flags = dict(((i, j), f) for i, j, f in expected)
+    for i, j, f in got:
+        assert (i, j) in flags, f"{what}: {place((i, j))} is listed, but no pair in it may attend\n  convention: {LISTED}"
+        assert f == flags[(i, j)], (f"{what}: {place((i, j))} has needs_mask={f}, expected {flags[(i, j)]}"
+                                    f"\n  convention: {NEEDS_MASK}; {CAUSAL}")
+    listed = [(i, j) for i, j, _ in got]
+    for i, j, _ in expected:
+        assert (i, j) in listed, f"{what}: {place((i, j))} is missing, but some pair in it may attend\n  convention: {LISTED}"
+    assert len(set(listed)) == len(listed), f"{what}: a tile is listed twice: {listed}"
+    assert got == expected, (f"{what}: tiles out of order\n  expected: {[t[:2] for t in expected]}\n"
+                             f"  got:      {listed}\n  convention: query block i ascending, then key block j ascending")
+
+
+def check_schedule(ex, n_q, n_k, block_q, block_k, causal=False, mask=None, label=""):
+    __tracebackhide__ = True
+    before = None if mask is None else mask.copy()
+    got = ex.tile_schedule(n_q, n_k, block_q, block_k, causal=causal, mask=mask)
+    label = ", ".join(filter(None, [f"causal={causal}", "mask" if mask is not None else "", label]))
+    assert_schedule(got, oracle_schedule(n_q, n_k, block_q, block_k, causal, mask), n_q, n_k, block_q, block_k, label)
+    if mask is not None:
+        assert_unmodified(before, mask, "mask")
+
+
+def poison_unscheduled(k, v, schedule, block_k):
+    """NaN in every key and value row that no scheduled tile covers; returns them and their indices."""
+    covered = np.zeros(k.shape[0], bool)
+    for _, j, _ in schedule:
+        covered[j * block_k:(j + 1) * block_k] = True
+    k, v = k.copy(), v.copy()
+    k[~covered] = np.nan
+    v[~covered] = np.nan
+    return k, v, np.flatnonzero(~covered)
+
+
+def check_attention(ex, q, k, v, block_q, block_k, causal=False, mask=None, scale=None, label="",
+                    convention=""):
+    """Run tiled_attention with the unread keys poisoned and compare with the dense oracle."""
+    __tracebackhide__ = True
+    n_q, n_k = q.shape[0], k.shape[0]
+    allowed = dense_allowed(n_q, n_k, causal, mask)
+    o_exp, lse_exp = oracle_attention(q, k, v, allowed, 1 / math.sqrt(q.shape[1]) if scale is None else scale)
+    k, v, dead = poison_unscheduled(k, v, oracle_schedule(n_q, n_k, block_q, block_k, causal, mask), block_k)
+    inputs = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
+    before = {name: a.copy() for name, a in inputs.items()}
+    kwargs = ({} if mask is None else {"mask": mask}) | ({} if scale is None else {"scale": scale})
+    o, lse = ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, **kwargs)
+    notes = [f"causal={causal}", "mask" if mask is not None else "",
+             "" if scale is None else f"scale={scale}", label,
+             f"keys {dead.tolist()} are in no scheduled tile and hold NaN" if dead.size else ""]
+    what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, "
+            f"block_q={block_q}, block_k={block_k}, {', '.join(filter(None, notes))})")
+    tol = DTYPE[q.dtype.type]
+    assert_close(o, o_exp, what=what + " -> o", convention=convention, dtype=q.dtype, **tol)
+    assert_close(lse, lse_exp, what=what + " -> lse", convention=convention, dtype=q.dtype, **tol)
+    for name, a in inputs.items():
+        assert_unmodified(before[name], a, name)
+
+
+def random_qkv(rng, n_q, n_k, d=8, d_v=5, dtype=np.float64):
+    return tuple(rng.standard_normal(shape).astype(dtype) for shape in [(n_q, d), (n_k, d), (n_k, d_v)])
+
+
+def shape_id(n_q, n_k, block_q, block_k, causal=False):
+    return f"nq{n_q}-nk{n_k}-bq{block_q}-bk{block_k}" + ("-causal" if causal else "")
+
+
+# ---- tile_schedule ------------------------------------------------------------------------------
+
+SHAPES = [(6, 6, 2, 2), (7, 5, 3, 2), (5, 9, 2, 4), (9, 4, 4, 3), (8, 8, 3, 3), (1, 1, 1, 1),
+          (6, 6, 8, 8), (10, 3, 1, 2), (4, 11, 3, 1)]
+
+
+def test_worked_example(ex):
+    """The lesson's example, written out: 4 x 4 causal in 2 x 2 tiles skips tile (0, 1)."""
+    expected = [(0, 0, True), (1, 0, False), (1, 1, True)]
+    assert_schedule(ex.tile_schedule(4, 4, 2, 2, causal=True), expected, 4, 4, 2, 2, "causal=True")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: shape_id(*s))
+def test_schedule_matches_brute_force(ex, shape, causal):
+    """Off-by-one on the diagonal, wrong needs_mask, a ragged last block dropped, tiles out of order."""
+    check_schedule(ex, *shape, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(6, 6, 2, 2), (7, 10, 3, 2), (11, 5, 2, 3)], ids=lambda s: shape_id(*s))
+def test_schedule_with_explicit_mask(ex, rng, shape, causal):
+    """The mask ignored, or the mask and causal rule combined with OR instead of AND."""
+    n_q, n_k, block_q, block_k = shape
+    mask = rng.random((n_q, n_k)) < 0.3
+    mask[:, :block_k] = rng.random((n_q, 1)) < 0.5  # whole rows of the first key block alike
+    check_schedule(ex, *shape, causal=causal, mask=mask)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_fully_masked_blocks_are_never_scheduled(ex, rng, causal):
+    """A tile no pair may attend still listed: a whole query block or key block masked out."""
+    n_q, n_k, block_q, block_k = 9, 10, 3, 4
+    mask = rng.random((n_q, n_k)) < 0.7
+    mask[3:6] = False  # query block 1
+    mask[:, 4:8] = False  # key block 1
+    check_schedule(ex, n_q, n_k, block_q, block_k, causal=causal, mask=mask,
+                   label="query block 1 and key block 1 fully masked")
+
+
+@pytest.mark.parametrize("shape", [(4, 10, 2, 3), (10, 4, 2, 3), (7, 7, 2, 3)], ids=lambda s: shape_id(*s, True))
+def test_causal_is_top_left_aligned(ex, shape):
+    """Bottom-right alignment (key j <= i + n_k - n_q) or a diagonal shifted by one."""
+    check_schedule(ex, *shape, causal=True, label=CAUSAL)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("blocks", [1, 2, 3, 5, 8], ids=lambda t: f"T{t}")
+def test_causal_square_counts(ex, blocks, block):
+    """Causal, T blocks a side: T(T+1)/2 tiles, the T on the diagonal masked (none when a block is one
+    query wide: j <= i holds on its diagonal). Catches computing the upper triangle, or masking
+    every tile (needs_mask True where all pairs may attend)."""
+    n = blocks * block
+    schedule = ex.tile_schedule(n, n, block, block, causal=True)
+    what = f"tile_schedule(n_q={n}, n_k={n}, block_q={block}, block_k={block}, causal=True), T = {blocks}"
+    assert len(schedule) == blocks * (blocks + 1) // 2, (
+        f"{what}: expected T(T+1)/2 = {blocks * (blocks + 1) // 2} tiles, got {len(schedule)}\n  convention: {LISTED}")
+    masked = [tuple(t[:2]) for t in schedule if t[2]]
+    diagonal = [(i, i) for i in range(blocks)] if block > 1 else []
+    assert masked == diagonal, f"{what}: expected masked tiles {diagonal}, got {masked}\n  convention: {NEEDS_MASK}"
+
+
+# ---- tiled_attention ----------------------------------------------------------------------------
+
+ATTENTION_SHAPES = [(8, 8, 4, 4), (7, 5, 3, 2), (5, 13, 2, 4), (12, 6, 5, 3), (1, 1, 1, 1), (9, 9, 16, 2),
+                    (6, 10, 2, 3)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: shape_id(*s))
+def test_matches_oracle(ex, rng, shape, causal, dtype):
+    """Rescaling of l or acc forgotten, normalising inside the loop, ragged tiles dropped, skipped
+    tiles read (their keys hold NaN), dtype changed, inputs modified."""
+    n_q, n_k = shape[:2]
+    q, k, v = random_qkv(rng, n_q, n_k, dtype=dtype)
+    check_attention(ex, 2 * q, k, v, *shape[2:], causal=causal, convention=RESCALE)
+
+
+def test_keys_past_the_last_query_are_never_read(ex, rng):
+    """Causal with n_k > n_q: keys 6-9 are in no scheduled tile; computing every tile reads their NaN."""
+    q, k, v = random_qkv(rng, 4, 10)
+    check_attention(ex, q, k, v, 2, 3, causal=True, convention="tiles not scheduled are never read")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(8, 9, 3, 2), (10, 7, 4, 4), (6, 12, 2, 5)], ids=lambda s: shape_id(*s))
+def test_explicit_mask(ex, rng, shape, causal):
+    """The mask ignored, applied to the wrong tile, or a masked score given a finite value."""
+    n_q, n_k, block_q, block_k = shape
+    q, k, v = random_qkv(rng, n_q, n_k)
+    mask = rng.random((n_q, n_k)) < 0.5
+    mask[:, block_k:2 * block_k] = False  # key block 1 is never scheduled: its keys hold NaN
+    check_attention(ex, q, k, v, block_q, block_k, causal=causal, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_fully_masked_rows_give_zero_and_minus_inf(ex, rng, dtype):
+    """-inf - (-inf) = NaN on a masked row, 0 / 0 at the end, or a masked query block left unset."""
+    q, k, v = random_qkv(rng, 10, 7, dtype=dtype)
+    mask = rng.random((10, 7)) < 0.6
+    mask[[1, 2, 8]] = False  # rows in blocks that also hold live rows
+    mask[4:8] = False  # query block 1: no tile at all
+    mask[0, 0] = mask[3, 6] = mask[9, 3] = True
+    check_attention(ex, q, k, v, 4, 3, mask=mask, label="rows 1, 2, 4-7 (query block 1) and 8 fully masked", convention=MASKED_ROW)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_rows_whose_first_tiles_are_masked(ex, rng, causal):
+    """The first tile's max taken as -inf - (-inf) = NaN, or m started at 0 instead of -inf: rows
+    that see only masked keys in their first tiles must come out exact."""
+    n_q, n_k, block_q, block_k = 12, 9, 4, 3
+    q, k, v = random_qkv(rng, n_q, n_k)
+    mask = np.ones((n_q, n_k), bool)
+    mask[4:6, :3] = False  # rows 4-5 see nothing in key block 0 (rows 6-7 do): a partly masked tile
+    mask[8:12, :6] = False  # query block 2: its first two tiles are not scheduled at all
+    q[[4, 5, 9]] *= 30  # large maxima later on, so a wrong start value for m shows
+    check_attention(ex, q, k, v, block_q, block_k, causal=causal, mask=mask,
+                    label="rows 4-5 masked on keys 0-2, rows 8-11 on keys 0-5", convention=FIRST_TILES)
+
+
+def with_offsets(q, k, row_offset, key_offset, scale):
+    """Append two columns so that score s_ij gains row_offset_i + key_offset_j exactly (for this scale)."""
+    n_q, n_k = len(q), len(k)
+    q = np.hstack([q, row_offset[:, None] / scale, np.ones((n_q, 1))])
+    k = np.hstack([k, np.ones((n_k, 1)), key_offset[:, None] / scale])
+    return q, k
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_huge_score_ranges(ex, rng, causal):
+    """Scores 1e4 apart: no rescaling when m grows (alpha = exp(-1e4) = 0 must wipe the old sums),
+    m started at 0 (rows near -1e4 underflow to 0 / 0), or exp without the max shift."""
+    n_q, n_k, scale = 9, 10, 0.5
+    q, k, v = random_qkv(rng, n_q, n_k)
+    row_offset = np.array([0, -1e4, 1e4, -5e4, 0, 3e4, -1e4, 0, 1e4])  # row 3 lies far below 0
+    key_offset = np.array([-1e4, 0, 1e4, -2e4, 2e4, 0, 3e4, -1e4, 1e4, 0])  # m jumps from tile to tile
+    q, k = with_offsets(q, k, row_offset, key_offset, scale)
+    check_attention(ex, q, k, v, 3, 2, causal=causal, scale=scale, label="scores 1e4 apart", convention=RESCALE)
+
+
+@pytest.mark.parametrize("scale", [None, 0.1, 3.0], ids=["default", "0.1", "3.0"])
+def test_scale(ex, rng, scale):
+    """The scale ignored, applied twice, or defaulting to 1/d instead of 1/sqrt(d)."""
+    q, k, v = random_qkv(rng, 7, 9, d=16)
+    check_attention(ex, q, k, v, 3, 4, causal=True, scale=scale,
+                    convention="scores are scale · q kᵀ; scale defaults to 1/sqrt(d)")
