@@ -1,0 +1,96 @@
+"""Exercise 03 — two partial results make one exact result.
+
+The idea
+    Split the keys of attention into two disjoint sets A and B and attend each on its own: each
+    side gives a normalised output o and the log-sum-exp lse of its scores. The two outputs are
+    weighted averages of values, each normalised by its own sum of exp. The lse says how much
+    weight each side carries in the union: the union's lse is logaddexp(lse_a, lse_b), and side A
+    holds the fraction exp(lse_a - lse) of the union's total. So the exact result is a weighted
+    sum, with no need to see any score again. This is how split-KV (Flash-Decoding) kernels work.
+
+The formulas (one query row)
+    s_j = scale * q . k_j                          scale defaults to 1/sqrt(d)
+    lse = log sum_j exp(s_j),   o = sum_j exp(s_j - lse) v_j
+    merge:  lse = logaddexp(lse_a, lse_b)
+            o   = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b
+
+In the paper
+    FlashAttention (Dao et al., 2022), Algorithm 1, line 12, is this merge with the running
+    (m, l) in place of lse: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
+    FlashAttention-2 keeps only L_i = m_i + log(l_i), the lse, and merges the same way.
+
+Conventions
+    - A boolean mask is True where a query may attend a key; False scores become -inf.
+    - A side that attended no key (no keys at all, or every key masked) is (o = 0, lse = -inf).
+      It weighs nothing: (anything, -inf) is the identity of the merge, whatever its o holds,
+      and two -inf sides give (0, -inf). Never NaN: -inf - (-inf) is NaN, and so is 0 * NaN.
+    - float32 in gives float32 out, float64 in gives float64 out; inputs are never modified.
+
+Worked example (one query, scores s = [0, log 3] over values [[1], [5]])
+    side A = key 0: o_a = [1], lse_a = 0;   side B = key 1: o_b = [5], lse_b = log 3
+    lse = logaddexp(0, log 3) = log 4;  o = (1/4)[1] + (3/4)[5] = [4]
+"""
+import numpy as np
+
+
+def attention_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
+                      scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of `q (n_q, d)` over `k (n_k, d)`, `v (n_k, d_v)`; `mask (n_q, n_k)` bool or None.
+
+    Returns `o (n_q, d_v)`, normalised, and `lse (n_q,)`. With n_k = 0: o = 0, lse = -inf.
+    """
+    # TODO: scores, mask, a safe softmax with its lse, then the weighted sum of values.
+    # BEGIN SOLUTION
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = scale * (q @ k.T)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, initial=-np.inf)  # the initial value makes n_k = 0 a masked row, not an error
+    m = np.where(np.isneginf(m), 0, m)  # a row with no live key: shift by 0 so exp(-inf) = 0, not NaN
+    f = np.exp(s - m[:, None])
+    l = f.sum(axis=-1)
+    o = (f @ v) / np.where(l == 0, 1, l)[:, None]
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the lse of a row with no live key
+        return o, m + np.log(l)
+    # END SOLUTION
+
+
+def merge_partials(o_a: np.ndarray, lse_a: np.ndarray, o_b: np.ndarray,
+                   lse_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge attention over two disjoint key sets: `o_a, o_b (n_q, d_v)`, `lse_a, lse_b (n_q,)`.
+
+    Returns `(o, lse)` over the union of the key sets, shapes of `o_a` and `lse_a`.
+    """
+    # TODO: lse of the union, then each side weighted by its share of it.
+    #       A side with lse = -inf must contribute exactly nothing, even if its o is NaN.
+    # BEGIN SOLUTION
+    lse = np.logaddexp(lse_a, lse_b)
+    # Both sides empty: lse = -inf, and lse_a - lse would be -inf - (-inf) = NaN; shift by 0 instead.
+    shift = np.where(np.isneginf(lse), 0, lse)
+    w_a = np.exp(lse_a - shift)[..., None]
+    w_b = np.exp(lse_b - shift)[..., None]
+    # A side of weight 0 adds nothing, whatever its o holds: 0 * NaN would be NaN.
+    o = np.where(w_a == 0, 0, w_a * o_a) + np.where(w_b == 0, 0, w_b * o_b)
+    return o, lse
+    # END SOLUTION
+
+
+def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, num_splits: int,
+                       mask: np.ndarray | None = None,
+                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of `q (n_q, d)` over `k (n_k, d)`, `v (n_k, d_v)`, the keys cut in `num_splits` chunks.
+
+    The chunks are contiguous, in the sizes np.array_split gives (empty ones when num_splits > n_k);
+    each is attended with attention_partial and merged with merge_partials.
+    Returns `o (n_q, d_v)` and `lse (n_q,)`, equal to attention over all keys at once.
+    """
+    # TODO: start from the merge's identity, then fold in one chunk of keys at a time.
+    # BEGIN SOLUTION
+    o = np.zeros((q.shape[0], v.shape[-1]), dtype=q.dtype)
+    lse = np.full(q.shape[0], -np.inf, dtype=q.dtype)
+    for keys in np.array_split(np.arange(k.shape[0]), num_splits):
+        chunk_mask = None if mask is None else mask[:, keys]
+        o_chunk, lse_chunk = attention_partial(q, k[keys], v[keys], chunk_mask, scale)
+        o, lse = merge_partials(o, lse, o_chunk, lse_chunk)
+    return o, lse
+    # END SOLUTION
