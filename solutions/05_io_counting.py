@@ -1,0 +1,147 @@
+"""Exercise 05 — count every element moved between HBM and SRAM.
+
+The idea
+    A GPU computes in a small fast memory on chip (SRAM: 192 KB per multiprocessor on an A100,
+    ~19 TB/s) and keeps its arrays in a large slow one (HBM: 40-80 GB, 1.5-2 TB/s). Standard
+    attention writes the n x n scores S to HBM, reads them back to write P = softmax(S), and
+    reads P back to form O = PV: 4n² element moves, against a few nd for Q, K, V and O. For
+    n >> d it spends its time moving S and P: it is memory-bound. FlashAttention never moves S
+    or P. It keeps each tile of them on chip, moves only Q, K, V, O and the n log-sum-exps L,
+    and pays for it by reading K and V once per query block.
+
+The counts, in elements (T_r = ceil(n / block_q) query blocks)
+    standard  reads 2n² + nd + 2·T_r·nd    writes 2n² + nd        (causal or not)
+    flash     reads nd + 2·T_r·nd          writes nd + n          (non-causal)
+    Causal flash skips the tiles above the diagonal: it reads nd + 2d·Σ_i keys_i, where keys_i
+    counts the key rows of the tiles scheduled for query block i (a tile is read whole).
+
+In the paper
+    Theorem 2 (section 3.2): standard attention makes Θ(Nd + N²) HBM accesses, FlashAttention
+    Θ(N²d²M⁻¹) for an SRAM of M elements. The paper's Algorithm 1 puts key blocks in the outer
+    loop and re-reads Q and O for each; here, as in FlashAttention-2, query blocks are outside
+    and K and V are re-read. Either way a block holds Θ(M/d) rows, so the re-read term
+    2·T_r·Nd = 2N²d/block_q is Θ(N²d²/M): far below N² when d² is far below M.
+
+The simulator (kata.hbm.HBM) holds Q, K, V (n, d) and NaN-filled outputs O (n, d), L (n,),
+S and P (n, n). hbm.read(name, rows, cols) returns a copy and counts its elements as reads;
+hbm.write(name, rows, cols, value) counts writes (cols=None: every column; L takes rows only).
+Every read sits inside `with hbm.on_chip():` and stays live on chip until that block ends; what
+is live may not exceed hbm.capacity, so hold one query block, and one key tile at a time.
+
+Conventions
+    scale defaults to 1/sqrt(d); causal: query i attends key j iff j <= i. Blocks are cut at
+    the array's end, so the last one may be shorter. Nothing is moved that the counts do not list.
+
+Worked example
+    n = 4, d = 2, block_q = block_k = 2, so T_r = 2. Standard: reads 32 + 8 + 32 = 72, writes
+    32 + 8 = 40. Flash: reads 8 + 32 = 40, writes 8 + 4 = 12. Standard moves 112 - 52 = 60
+    elements more: 4n² - n, the S and P traffic less the n values of L.
+"""
+import numpy as np
+
+from kata.hbm import HBM
+
+
+def blocks(n: int, size: int) -> list[slice]:
+    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def causal_mask(rows: slice, keys: slice) -> np.ndarray:
+    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
+    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
+
+
+def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
+                       scale: float | None = None) -> None:
+    """Algorithm 0, three kernels on hbm's Q, K, V (n, d): S = scale·QKᵀ, P = softmax(S), both
+    (n, n), then O = PV (n, d), each written to hbm."""
+    n, d = hbm.shape("Q")
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    # TODO: kernel 1 writes S tile by tile, kernel 2 turns a block of full rows of S into P
+    #       (masking here), kernel 3 sums P tiles times V rows into O.
+    # BEGIN SOLUTION
+    everything = slice(0, n)
+    for rows in blocks(n, block_q):
+        with hbm.on_chip():
+            q = hbm.read("Q", rows)
+            for keys in blocks(n, block_k):
+                with hbm.on_chip():
+                    hbm.write("S", rows, keys, scale * q @ hbm.read("K", keys).T)
+    for rows in blocks(n, block_q):
+        with hbm.on_chip():
+            s = hbm.read("S", rows, everything)
+            if causal:
+                s = np.where(causal_mask(rows, everything), s, -np.inf)
+            # Every row keeps key 0, so its max is finite and no row is all -inf.
+            f = np.exp(s - s.max(axis=1, keepdims=True))
+            hbm.write("P", rows, everything, f / f.sum(axis=1, keepdims=True))
+    for rows in blocks(n, block_q):
+        o = np.zeros((rows.stop - rows.start, d))
+        for keys in blocks(n, block_k):
+            with hbm.on_chip():
+                o += hbm.read("P", rows, keys) @ hbm.read("V", keys)
+        hbm.write("O", rows, value=o)
+    # END SOLUTION
+
+
+def standard_attention_io(n: int, d: int, block_q: int, block_k: int,
+                          causal: bool = False) -> tuple[int, int]:
+    """(reads, writes) in elements of standard_attention on Q, K, V of shape (n, d)."""
+    # TODO: add up what each kernel reads and writes. The mask changes no count.
+    # BEGIN SOLUTION
+    t_r = -(-n // block_q)
+    reads = n * d + t_r * n * d  # kernel 1: Q once, all of K per query block
+    reads += n * n  # kernel 2: S
+    reads += n * n + t_r * n * d  # kernel 3: P, all of V per query block
+    writes = n * n + n * n + n * d  # S, P, O
+    return reads, writes
+    # END SOLUTION
+
+
+def flash_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
+                    scale: float | None = None) -> None:
+    """Algorithm 1 on hbm's Q, K, V (n, d): per query block, walk its key tiles keeping m, l and
+    acc on chip, then write its rows of O (n, d) and L (n,) once."""
+    n, d = hbm.shape("Q")
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    # TODO: for each query block read Q once; for each scheduled key tile read K and V and update
+    #       m, l, acc; then write O and L (lse = m + log l) once.
+    # BEGIN SOLUTION
+    for rows in blocks(n, block_q):
+        with hbm.on_chip():
+            q = scale * hbm.read("Q", rows)
+            m = np.full(rows.stop - rows.start, -np.inf)
+            l = np.zeros_like(m)
+            acc = np.zeros_like(q)
+            for keys in blocks(n, block_k):
+                if causal and keys.start >= rows.stop:
+                    break  # this tile and all after it lie above the diagonal
+                with hbm.on_chip():
+                    s = q @ hbm.read("K", keys).T
+                    if causal:
+                        s = np.where(causal_mask(rows, keys), s, -np.inf)
+                    m_new = np.maximum(m, s.max(axis=1))  # finite: key 0 is in the first tile
+                    # What l and acc summed was scaled by exp(-m); rescale it to exp(-m_new).
+                    alpha = np.exp(m - m_new)
+                    p = np.exp(s - m_new[:, None])
+                    l = alpha * l + p.sum(axis=1)
+                    acc = alpha[:, None] * acc + p @ hbm.read("V", keys)
+                    m = m_new
+            hbm.write("O", rows, value=acc / l[:, None])
+            hbm.write("L", rows, value=m + np.log(l))
+    # END SOLUTION
+
+
+def flash_attention_io(n: int, d: int, block_q: int, block_k: int,
+                       causal: bool = False) -> tuple[int, int]:
+    """(reads, writes) in elements of flash_attention on Q, K, V of shape (n, d)."""
+    # TODO: Q once; K and V rows of every scheduled tile, per query block; O and L once.
+    # BEGIN SOLUTION
+    keys = 0
+    for rows in blocks(n, block_q):
+        # Causal: tiles starting at or past the block's end are skipped; the others are read whole.
+        tiles = -(-rows.stop // block_k) if causal else -(-n // block_k)
+        keys += min(tiles * block_k, n)
+    return n * d + 2 * d * keys, n * d + n
+    # END SOLUTION

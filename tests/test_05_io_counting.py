@@ -1,0 +1,270 @@
+"""Tests for exercise 05: standard attention and FlashAttention on the HBM simulator, and their IO.
+
+Every run happens in an HBM whose SRAM holds one query block and one key tile (plus the rows
+being written), never a whole matrix. Counts are checked array by array against numbers this file
+derives by hand: the query blocks counted, the causal tiles found by testing every (query, key)
+pair. Outputs are checked against a dense float64 oracle. mutants/05_io_counting.toml holds the bugs.
+"""
+import numpy as np
+import pytest
+
+from kata.checks import assert_close
+from kata.hbm import HBM, CapacityError
+
+FLASH_MOVES = ("FlashAttention reads Q once per query block, the K and V rows of each scheduled "
+               "tile, writes O and L once, and never touches S or P")
+STANDARD_MOVES = ("kernel 1 reads each Q block once and all of K per query block, writing S; kernel 2 "
+                  "reads S and writes P; kernel 3 reads P and all of V per query block, writing O")
+CAUSAL = "causal: query i attends key j iff j <= i"
+TOL = dict(rtol=1e-10, atol=1e-12)
+
+SHAPES = [(1, 4, 1, 1), (4, 2, 2, 2), (5, 4, 8, 8), (7, 3, 2, 3), (8, 4, 4, 4), (13, 5, 4, 3),
+          (16, 8, 4, 8), (23, 4, 8, 5), (32, 8, 8, 8), (37, 6, 8, 5), (48, 4, 16, 4), (50, 8, 7, 12),
+          (64, 8, 16, 16)]  # (n, d, block_q, block_k)
+CASES = [pytest.param(*shape, causal, id=f"n{shape[0]}-d{shape[1]}-bq{shape[2]}-bk{shape[3]}"
+                      + ("-causal" if causal else ""))
+         for shape in SHAPES for causal in (False, True)]
+
+
+def query_blocks(n, block_q):
+    return [range(start, min(start + block_q, n)) for start in range(0, n, block_q)]
+
+
+def scheduled_key_rows(n, block_q, block_k, causal):
+    """Key rows read per query block: a tile counts iff some (query, key) pair in it may attend."""
+    tiles = query_blocks(n, block_k)
+    return [sum(len(keys) for keys in tiles
+                if not causal or any(j <= i for i in rows for j in keys))
+            for rows in query_blocks(n, block_q)]
+
+
+def flash_moves(n, d, block_q, block_k, causal):
+    """{array: (reads, writes)} for FlashAttention, tile by tile."""
+    keys = sum(scheduled_key_rows(n, block_q, block_k, causal))
+    return {"Q": (n * d, 0), "K": (keys * d, 0), "V": (keys * d, 0), "S": (0, 0), "P": (0, 0),
+            "O": (0, n * d), "L": (0, n)}
+
+
+def standard_moves(n, d, block_q, block_k):
+    """{array: (reads, writes)} for the three kernels of standard attention."""
+    per_block_kv = len(query_blocks(n, block_q)) * n * d  # all of K (kernel 1) or V (kernel 3) per block
+    return {"Q": (n * d, 0), "K": (per_block_kv, 0), "S": (n * n, n * n), "P": (n * n, n * n),
+            "V": (per_block_kv, 0), "O": (0, n * d), "L": (0, 0)}
+
+
+def totals(moves):
+    return sum(r for r, _ in moves.values()), sum(w for _, w in moves.values())
+
+
+def oracle(q, k, v, causal, scale):
+    """S, P, O, L of dense attention in float64: lse by pairwise logaddexp, no max trick."""
+    s = scale * q @ k.T
+    masked = np.where(np.tril(np.ones(s.shape, bool)), s, -np.inf) if causal else s
+    lse = np.logaddexp.reduce(masked, axis=1)
+    p = np.exp(masked - lse[:, None])
+    return s, p, p @ v, lse
+
+
+def call(name, n, d, block_q, block_k, causal, scale=None):
+    extra = ", causal=True" if causal else ""
+    extra += f", scale={scale}" if scale is not None else ""
+    return f"{name}(hbm with Q, K, V ({n}, {d}), block_q={block_q}, block_k={block_k}{extra})"
+
+
+def run(function, rng, n, d, block_q, block_k, causal, scale=None, q_scale=1.0):
+    """Run the learner's function in an HBM whose SRAM fits one query block and one key tile."""
+    __tracebackhide__ = True
+    if function.__name__ == "flash_attention":
+        capacity = 2 * block_q * d + 2 * block_k * d + block_q  # Q and O rows, K and V tile, L rows
+    else:
+        capacity = 2 * block_q * n + block_q * d + block_k * d  # S rows and P rows, or a Q, K, S tile
+    hbm = HBM(capacity)
+    q, k, v = rng.standard_normal((3, n, d))
+    q *= q_scale
+    for name, value in (("Q", q), ("K", k), ("V", v)):
+        hbm.put(name, value)
+    for name, shape in (("O", (n, d)), ("L", (n,)), ("S", (n, n)), ("P", (n, n))):
+        hbm.put(name, np.full(shape, np.nan))  # poisoned: an element never written stays NaN
+    what = call(function.__name__, n, d, block_q, block_k, causal, scale)
+    try:
+        function(hbm, block_q, block_k, causal=causal, scale=scale)
+    except CapacityError as error:
+        raise AssertionError(f"{what}: {error}") from None
+    return hbm, (q, k, v), what
+
+
+def check_moves(hbm, expected, what, convention):
+    """Every array's reads and writes against the hand count; names each array that is off."""
+    __tracebackhide__ = True
+    got = {name: (hbm.reads_of(name), hbm.writes_of(name)) for name in expected}
+    wrong = [f"  {name}: expected {expected[name][0]} reads, {expected[name][1]} writes; "
+             f"got {got[name][0]} reads, {got[name][1]} writes" for name in expected if got[name] != expected[name]]
+    if wrong:
+        raise AssertionError("\n".join([f"{what} moved the wrong number of elements:", *wrong,
+                                        f"  convention: {convention}"]))
+
+
+def check_counts(hbm, closed_form, expected, what, convention, shape, causal):
+    """Each array's moves against the hand count, then the closed form against the same totals."""
+    __tracebackhide__ = True
+    check_moves(hbm, expected, what, convention)
+    closed = tuple(closed_form(*shape, causal=causal))
+    assert closed == (hbm.reads, hbm.writes) == totals(expected), (
+        f"{closed_form.__name__}{(*shape, causal)} = {closed}, the simulation moved "
+        f"{(hbm.reads, hbm.writes)}, the hand count is {totals(expected)} (reads, writes)")
+
+
+def check_outputs(hbm, expected, what):
+    """{name: (oracle, convention)}: each output array, read back from HBM, against its oracle."""
+    __tracebackhide__ = True
+    for name, (value, convention) in expected.items():
+        rows = np.unique(np.argwhere(np.isnan(hbm.array(name)))[:, 0])
+        if rows.size:
+            raise AssertionError(f"{name} after {what}: rows {rows.tolist()} still hold NaN, the poison "
+                                 f"{name} started with: never written with hbm.write, or computed as NaN")
+        assert_close(hbm.array(name), value, what=f"{name} after {what}", convention=convention, **TOL)
+
+
+def times_moved(hbm, op, name):
+    """How many times each element of `name` was read (op="read") or written, from the log."""
+    count = np.zeros(hbm.shape(name), int)
+    for t in hbm.log:
+        if t.op == op and t.name == name:
+            count[slice(*t.rows), slice(*t.cols) if t.cols else ...] += 1
+    return count
+
+
+def check_once(hbm, op, name, what):
+    """Each element of `name` moved exactly once by `op`; names the first row that was not."""
+    __tracebackhide__ = True
+    count = times_moved(hbm, op, name)
+    if (count != 1).any():
+        row = int(np.argwhere(count != 1)[0][0])
+        raise AssertionError(f"{what}: row {row} of {name} was {op} {count[row].tolist()} times "
+                             f"per element, expected once each")
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
+def test_standard_outputs_are_exact(ex, rng, n, d, block_q, block_k, causal):
+    """Mask applied in kernel 1 instead of 2, softmax over the wrong axis, P or O left NaN."""
+    hbm, (q, k, v), what = run(ex.standard_attention, rng, n, d, block_q, block_k, causal)
+    s, p, o, _ = oracle(q, k, v, causal, 1 / np.sqrt(d))
+    rule = CAUSAL if causal else "P = softmax(S) over each row, O = PV"
+    check_outputs(hbm, {"S": (s, "kernel 1 writes S = scale·QKᵀ unmasked; kernel 2 applies the mask"),
+                        "P": (p, rule), "O": (o, rule)}, what)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_standard_writes_s_and_p_fully_once(ex, rng, causal):
+    """Kernel 1 skips masked tiles, kernel 2 writes only part of P, or a tile is written twice."""
+    n, d, block_q, block_k = 23, 4, 8, 5
+    hbm, _, what = run(ex.standard_attention, rng, n, d, block_q, block_k, causal)
+    for op, name in (("write", "S"), ("read", "S"), ("write", "P"), ("read", "P"), ("write", "O")):
+        check_once(hbm, op, name, what)
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
+def test_standard_moves_what_the_closed_form_says(ex, rng, n, d, block_q, block_k, causal):
+    """A kernel that skips writing P or S, reads Q per tile, or reads K and V once instead of per block."""
+    hbm, _, what = run(ex.standard_attention, rng, n, d, block_q, block_k, causal)
+    check_counts(hbm, ex.standard_attention_io, standard_moves(n, d, block_q, block_k), what, STANDARD_MOVES,
+                 (n, d, block_q, block_k), causal)
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
+def test_flash_outputs_are_exact(ex, rng, n, d, block_q, block_k, causal):
+    """A wrong rescale of l or acc, a missing mask, O or L never written (left NaN), lse off by m."""
+    hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal)
+    _, _, o, lse = oracle(q, k, v, causal, 1 / np.sqrt(d))
+    rule = CAUSAL if causal else "O = softmax(scale·QKᵀ)V, L = logsumexp of each row of scores"
+    check_outputs(hbm, {"O": (o, rule), "L": (lse, rule)}, what)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_reads_each_q_row_once_and_writes_each_output_once(ex, rng, causal):
+    """Q re-read per key tile, O or L written per key tile, S or P materialised after all."""
+    n, d, block_q, block_k = 37, 6, 8, 5
+    hbm, _, what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal)
+    check_once(hbm, "read", "Q", what)
+    check_once(hbm, "write", "O", what)
+    check_once(hbm, "write", "L", what)
+    touched = {t.name for t in hbm.log} & {"S", "P"}
+    assert not touched, f"{what} moved {sorted(touched)}: FlashAttention never materialises S or P in HBM"
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
+def test_flash_moves_what_the_closed_form_says(ex, rng, n, d, block_q, block_k, causal):
+    """Q re-read per key tile, K and V read whole, skipped causal tiles read, L or O written per tile."""
+    hbm, _, what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal)
+    check_counts(hbm, ex.flash_attention_io, flash_moves(n, d, block_q, block_k, causal), what, FLASH_MOVES,
+                 (n, d, block_q, block_k), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_scale_argument_is_used(ex, rng, causal):
+    """An explicit scale ignored in favour of 1/sqrt(d), or applied twice."""
+    n, d, block_q, block_k, scale = 13, 5, 4, 3, 0.37
+    for name in ("standard_attention", "flash_attention"):
+        hbm, (q, k, v), what = run(getattr(ex, name), rng, n, d, block_q, block_k, causal, scale=scale)
+        _, _, o, _ = oracle(q, k, v, causal, scale)
+        check_outputs(hbm, {"O": (o, "scale multiplies QKᵀ; 1/sqrt(d) only when scale is None")}, what)
+
+
+def test_flash_survives_huge_scores(ex, rng):
+    """exp of unshifted scores overflows; a running max never used to rescale gives inf / inf."""
+    n, d, block_q, block_k = 24, 4, 4, 6
+    hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, False, q_scale=300.0)
+    _, _, o, lse = oracle(q, k, v, False, 1 / np.sqrt(d))
+    rule = "subtract the running max m before exp; rescale l and acc by exp(m_old - m_new)"
+    check_outputs(hbm, {"O": (o, rule), "L": (lse, rule)}, what + " with scores in the thousands")
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
+def test_closed_forms_match_the_hand_count(ex, n, d, block_q, block_k, causal):
+    """T_r rounded down (floor, not ceil), causal tiles counted as if all were read, L forgotten."""
+    for name, expected in (("standard_attention_io", totals(standard_moves(n, d, block_q, block_k))),
+                           ("flash_attention_io", totals(flash_moves(n, d, block_q, block_k, causal)))):
+        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
+        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
+                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+
+
+HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (reads, writes))
+    (4, 2, 2, 2, False, (72, 40), (40, 12)),  # the lesson's worked example
+    (5, 3, 2, 3, False, (155, 65), (105, 20)),  # T_r = 3: the last query block holds one row
+    (5, 3, 2, 3, True, (155, 65), (93, 20)),  # keys per query block 3, 5, 5
+    (8, 4, 4, 4, True, (288, 160), (128, 40)),  # keys per query block 4, 8
+]
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k, causal, standard, flash", HAND,
+                         ids=[f"n{h[0]}-d{h[1]}-bq{h[2]}-bk{h[3]}" + ("-causal" if h[4] else "") for h in HAND])
+def test_closed_forms_on_numbers_worked_by_hand(ex, n, d, block_q, block_k, causal, standard, flash):
+    """The closed forms on small cases whose every term was added up on paper."""
+    for name, expected in (("standard_attention_io", standard), ("flash_attention_io", flash)):
+        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
+        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
+                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 100, 1024, 4096, 16384])
+def test_standard_moves_4n2_minus_n_more_than_flash(ex, n):
+    """The S and P traffic: written and read back once each (4n²), less the n values of L."""
+    for d, block_q, block_k in ((64, 128, 128), (8, 3, 5)):
+        std, flash = (f(n, d, block_q, block_k) for f in (ex.standard_attention_io, ex.flash_attention_io))
+        extra = sum(std) - sum(flash)
+        assert extra == 4 * n * n - n, (f"n={n}, d={d}, block_q={block_q}, block_k={block_k}: standard "
+                                        f"moves {sum(std)}, flash {sum(flash)}, {extra} more; expected "
+                                        f"4n² - n = {4 * n * n - n}")
+
+
+@pytest.mark.parametrize("n, d, block_q, block_k", [(5, 4, 2, 3), (16, 4, 4, 4), (33, 8, 8, 6)],
+                         ids=["n5-d4-bq2-bk3", "n16-d4-bq4-bk4", "n33-d8-bq8-bk6"])
+def test_simulated_extra_traffic_is_4n2_minus_n(ex, rng, n, d, block_q, block_k):
+    """Measured, not computed: the two simulations differ by exactly the S and P traffic less L."""
+    std, _, _ = run(ex.standard_attention, rng, n, d, block_q, block_k, False)
+    flash, _, _ = run(ex.flash_attention, rng, n, d, block_q, block_k, False)
+    extra = (std.reads + std.writes) - (flash.reads + flash.writes)
+    assert extra == 4 * n * n - n, (f"n={n}, d={d}, block_q={block_q}, block_k={block_k}: standard moved "
+                                    f"{std.reads + std.writes}, flash {flash.reads + flash.writes}; "
+                                    f"expected a difference of 4n² - n = {4 * n * n - n}, got {extra}")
