@@ -1,0 +1,131 @@
+"""The grader's commands: the report, one exercise in full, a solution, the schedule drawing, the bench."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from kata import report
+from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, load
+from kata.progress import Progress
+from kata.results import ExerciseResult, display_path
+from kata.runner import run_exercise, run_many
+
+IO_EXERCISE = "05"  # once it passes, the report shows its IO table
+
+
+def label(target: Path) -> str:
+    return display_path(target).rstrip("/") + "/"
+
+
+def remember(results: list[ExerciseResult], target: Path) -> None:
+    """Passes of the learner's own files unlock their solutions."""
+    if target == EXERCISES_DIR.resolve():
+        Progress().mark_passed([r.exercise.number for r in results if r.ok])
+
+
+def run_report(target: Path, timeout: float, workers: int, json_out: bool) -> int:
+    """`python grader.py`: every exercise, a table, the progress bar and the next step."""
+    results = run_many(EXERCISES, target, timeout, workers, on_result=None if json_out else _ticker)
+    _clear_ticker()
+    remember(results, target)
+    if json_out:
+        print(report.as_json(results, str(target)))
+    else:
+        print(report.summary(results, label(target)))
+        _io_table(results, target)
+    return 0 if report.all_ok(results) else 1
+
+
+def run_one(exercise: Exercise, target: Path, timeout: float, json_out: bool) -> int:
+    """`python grader.py 03`: one exercise, every failure in full."""
+    result = run_exercise(exercise, target, timeout)
+    remember([result], target)
+    print(report.as_json([result], str(target)) if json_out else report.details(result))
+    if not json_out:
+        _io_table([result], target)
+    return 0 if report.all_ok([result]) else 1
+
+
+def show_solution(exercise: Exercise, force: bool, timeout: float) -> int:
+    """`python grader.py solution 03`: the solution, once the learner's own file passes."""
+    path = SOLUTIONS_DIR / exercise.filename
+    if not path.is_file():
+        print(f"There is no {display_path(path)}.")
+        return 1
+    if not Progress().has_passed(exercise.number):
+        result = run_exercise(exercise, EXERCISES_DIR.resolve(), timeout)
+        remember([result], EXERCISES_DIR.resolve())
+        if not result.ok and not force:
+            print(f"The solution to {exercise.number} opens once {display_path(result.path)} passes "
+                  f"(now: {result.status}, {result.passed} of {result.total} tests).\n"
+                  f"Keep going: python grader.py {exercise.number}    Hint: python grader.py hint {exercise.number}\n"
+                  f"To read it anyway: python grader.py solution {exercise.number} --force")
+            return 1
+        if not result.ok:
+            print(f"warning: {exercise.number} does not pass yet; reading the solution first skips the "
+                  f"part where you learn it.\n", file=sys.stderr)
+    print(f"# {display_path(path)}\n")
+    print(path.read_text(encoding="utf-8"))
+    return 0
+
+
+def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: Path) -> int:
+    """`python grader.py --show 04 [n_q n_k block_q block_k]`: draw the learner's tile schedule."""
+    schedule_view = optional("kata.schedule_view")
+    if schedule_view is None:
+        print("The schedule drawing (kata/schedule_view.py) is not part of this copy of the kata.")
+        return 1
+    sizes = dict(zip(["n_q", "n_k", "block_q", "block_k"], numbers))
+    try:
+        module = load(exercise, target)
+        print(schedule_view.show(module, **{**dict(n_q=6, n_k=6, block_q=1, block_k=1), **sizes}, causal=causal))
+    except NotImplementedError as error:
+        print(f"Nothing to draw yet: {error}")
+        return 1
+    except Exception as error:  # the learner's code: report it, never a traceback
+        print(f"Drawing {exercise.number}'s tile_schedule failed: {type(error).__name__}: {error}")
+        return 1
+    return 0
+
+
+def run_bench(target: Path, argv: list[str]) -> int:
+    bench = optional("kata.bench")
+    if bench is None:
+        print("The benchmark (kata/bench.py) is not part of this copy of the kata.")
+        return 1
+    return bench.main(target, argv)
+
+
+def optional(name: str) -> ModuleType | None:
+    """A kata module that this copy may lack (the drawing, the IO table, the bench): None if absent."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise
+        return None
+
+
+def _io_table(results: list[ExerciseResult], target: Path) -> None:
+    """After 05 passes: how much the fused algorithm saves, from the learner's own code."""
+    io_report = optional("kata.io_report")
+    if io_report is None or not any(r.ok and r.exercise.number == IO_EXERCISE for r in results):
+        return
+    try:
+        module = load(next(ex for ex in EXERCISES if ex.number == IO_EXERCISE), target)
+        print("\n" + io_report.table(module))
+    except Exception:  # an optional extra: never in the way of the report
+        return
+
+
+def _ticker(result: ExerciseResult) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r  {result.exercise.number} {result.exercise.name}: {result.status}".ljust(60))
+        sys.stderr.flush()
+
+
+def _clear_ticker() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * 60 + "\r")

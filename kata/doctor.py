@@ -1,0 +1,105 @@
+"""`python grader.py doctor`: versions, platform, GPU, a tiny Triton kernel, and known-bad combinations."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib import metadata
+
+PACKAGES = ["numpy", "torch", "triton", "pytest", "pytest-timeout", "tabulate"]
+KERNEL_TIMEOUT = 180  # seconds: importing torch and Triton and compiling one kernel
+
+# Run in a subprocess: a broken Triton may hang or crash, and torch costs seconds to import.
+KERNEL_PROBE = r"""
+import json, os, sys
+out = {"cuda": False, "device": None, "mode": None, "ok": False, "error": None}
+try:
+    import torch
+    out["cuda"] = torch.cuda.is_available()
+    out["device"] = torch.cuda.get_device_name(0) if out["cuda"] else None
+    if not out["cuda"]:
+        os.environ["TRITON_INTERPRET"] = "1"  # set before Triton is imported
+    out["mode"] = "compiled on the GPU" if out["cuda"] else "interpreter (TRITON_INTERPRET=1)"
+    import triton, triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+    x = torch.arange(10, dtype=torch.float32, device="cuda" if out["cuda"] else "cpu")
+    y = torch.empty_like(x)
+    add_one[(1,)](x, y, 10, BLOCK=16)
+    out["ok"] = bool(torch.equal(y, x + 1))
+    out["error"] = None if out["ok"] else f"wrong result {y.tolist()}"
+except BaseException as error:
+    out["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+print("KATA-PROBE " + json.dumps(out))
+"""
+
+
+def version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(text: str | None) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", text or "")[:2])
+
+
+def known_problems(versions: dict[str, str | None], system: str, cuda: bool) -> list[tuple[str, str]]:
+    """Each known-bad combination present here, with its fix: ("problem" or "note", text)."""
+    problems = []
+    numpy, triton, torch = versions.get("numpy"), versions.get("triton"), versions.get("torch")
+    if numpy is None:
+        problems.append(("problem", "NumPy is missing and every exercise needs it: pip install -r requirements.txt"))
+    if torch is None:
+        problems.append(("problem", "torch is missing: exercise 06 needs it (01-05 still work): "
+                                    "pip install -r requirements.txt"))
+    if triton is None and system != "Linux":
+        problems.append(("note", "Triton runs on Linux only: exercise 06 is skipped here, 01-05 still work"))
+    elif triton is None:
+        problems.append(("problem", 'Triton is missing: pip install "triton>=3.6"'))
+    elif _release(triton) == (3, 6) and _release(numpy) >= (2, 4) and not cuda:
+        problems.append(("problem", 'Triton 3.6\'s interpreter fails with NumPy >= 2.4: pip install "numpy<2.4" '
+                                    "(or upgrade Triton: pip install -U triton)"))
+    return problems
+
+
+def probe_kernel() -> dict:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    try:
+        done = subprocess.run([sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True,
+                              timeout=KERNEL_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "cuda": False, "error": f"no answer after {KERNEL_TIMEOUT} s"}
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("KATA-PROBE ")), None)
+    if line is None:
+        tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        return {"ok": False, "cuda": False, "error": f"the probe process died: {tail}"}
+    return json.loads(line.removeprefix("KATA-PROBE "))
+
+
+def main() -> int:
+    versions = {name: version(name) for name in PACKAGES}
+    print(f"{'Python':<15} {platform.python_version()} ({sys.executable})")
+    for name, found in versions.items():
+        print(f"{name:<15} {found or 'not installed'}")
+    print(f"{'platform':<15} {platform.system()} {platform.release()} ({platform.machine()})")
+    probe = probe_kernel() if versions["triton"] and versions["torch"] else None
+    cuda = bool(probe and probe.get("cuda"))
+    print(f"{'GPU':<15} {probe.get('device') if cuda else 'no CUDA GPU: exercise 06 runs in Triton interpreter'}")
+    if probe is not None:
+        state = "works" if probe["ok"] else f"FAILS: {probe['error']}"
+        print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as exercise 06 runs it'}: {state}")
+    problems = known_problems(versions, platform.system(), cuda)
+    for kind, text in problems:
+        print(f"{kind:<15} {text}")
+    healthy = all(kind == "note" for kind, _ in problems) and (probe is None or probe["ok"])
+    print("All set: python grader.py" if healthy else "Fix the problems above, then run python grader.py doctor again.")
+    return 0 if healthy else 1

@@ -1,0 +1,130 @@
+"""What the learner reads: the progress table, the next thing to do, one exercise's failures, JSON."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+from tabulate import tabulate
+
+from kata.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, display_path
+
+WIDTH = 80  # the report fits a plain terminal
+BAR = 30  # characters in the progress bar
+SUMMARY_LINES = 6  # of the first failure's message in the report
+DETAIL_TESTS = 5  # failing tests shown in full by `python grader.py NN`
+
+
+def table(results: list[ExerciseResult]) -> str:
+    rows = [[r.exercise.number, r.exercise.name, r.status, _count(r), _time(r), r.note] for r in results]
+    text = tabulate(rows, headers=["#", "exercise", "status", "tests", "time", "note"], tablefmt="simple",
+                    colalign=("left", "left", "left", "right", "right", "left"))
+    return "\n".join(_cut(line) for line in text.splitlines())
+
+
+def progress(results: list[ExerciseResult]) -> str:
+    done = sum(r.ok for r in results)
+    filled = round(BAR * done / len(results)) if results else 0
+    return f"[{'#' * filled}{'-' * (BAR - filled)}]  {done} of {len(results)} exercises passed"
+
+
+def summary(results: list[ExerciseResult], target_label: str) -> str:
+    """The whole report: title, table, progress bar and the next step."""
+    parts = [f"FlashAttention Kata: testing {target_label}", "", table(results), "", progress(results), ""]
+    return "\n".join(parts + [next_step(results)])
+
+
+def next_step(results: list[ExerciseResult]) -> str:
+    current = next((r for r in results if not r.ok and r.status != SKIPPED), None)
+    if current is None:
+        return "Every exercise passes. Measure your kernel: python grader.py --bench"
+    ex = current.exercise
+    lines = [f"Next: {ex.number} {ex.name} ({current.status}): open {display_path(current.path)}"]
+    if current.failure:
+        lines += [f"  {current.failure.test}:"] + _failure_lines(current.failure, SUMMARY_LINES)
+    if current.status != MISSING:
+        lines.append(f"Details: python grader.py {ex.number}    Hint: python grader.py hint {ex.number}")
+    return "\n".join(lines)
+
+
+def details(result: ExerciseResult) -> str:
+    """One exercise in full: each failing test's message and the learner's lines it went through."""
+    ex, note = result.exercise, f" ({result.note})" if result.note else ""
+    counts = f", {result.passed} of {result.total} tests pass" if _count(result) != "-" else ""
+    lines = [f"{ex.number} {ex.name}: {result.status}{counts}, {result.seconds:.1f} s{note}"]
+    broken = [t for t in result.tests if t.broken]
+    if result.status not in (FAILING, NOT_STARTED):  # crashed, timed out, missing: one cause
+        broken = []
+        if result.failure:
+            lines += ["", f"{result.failure.test}:"] + _failure_lines(result.failure)
+    elif result.status == NOT_STARTED:
+        lines += ["", f"{len(broken)} tests not started, the first:"] + _failure_lines(result.failure)
+        broken = []
+    for test in broken[:DETAIL_TESTS]:
+        seed = test.error.get("seed") if test.error else None
+        about = textwrap.wrap(f"catches: {test.about}", WIDTH - 2, initial_indent="  ",
+                              subsequent_indent="           ") if test.about else []
+        lines += ["", f"FAILED {test.name}"] + about + _failure_lines(Failure.of(test), seed=seed)
+    if len(broken) > DETAIL_TESTS:
+        lines += ["", f"... and {len(broken) - DETAIL_TESTS} more failing tests"]
+    if not result.ok and result.status != MISSING:
+        lines += ["", f"Stuck? python grader.py hint {ex.number}"]
+    return "\n".join(lines)
+
+
+def as_json(results: list[ExerciseResult], target: str) -> str:
+    return json.dumps({
+        "target": target,
+        "exercises": [dict(number=r.exercise.number, name=r.exercise.name, status=r.status, passed=r.passed,
+                           total=r.total, seconds=round(r.seconds, 3), note=r.note,
+                           first_failure=_failure_json(r.failure)) for r in results],
+        "passed": sum(r.ok for r in results),
+        "total": len(results),
+        "ok": all_ok(results),
+    }, indent=2)
+
+
+def all_ok(results: list[ExerciseResult]) -> bool:
+    """Everything that ran passed (an exercise skipped for lack of a GPU or Triton did not run)."""
+    return all(r.status in (PASSED, SKIPPED) for r in results)
+
+
+def _failure_lines(failure: Failure, max_lines: int = 40, seed: int | None = None) -> list[str]:
+    message = [wrapped for line in failure.message.splitlines() for wrapped in _wrap(line)]
+    if len(message) > max_lines:
+        message = message[:max_lines] + [f"    ... ({len(message) - max_lines} more lines)"]
+    lines = message
+    for frame in failure.frames[-2:]:
+        lines.append(_cut(f"  at {display_path(frame['path'])}:{frame['line']} in {frame['function']}"))
+        if frame.get("source"):
+            lines.append(_cut(f"      {frame['source']}"))
+    if failure.stdout:
+        lines += ["  printed:"] + [f"    {_cut(line, WIDTH - 4)}" for line in failure.stdout.splitlines()[:8]]
+    if seed is not None:
+        lines.append(f"  random inputs: rerun the same ones with KATA_SEED={seed}")
+    return lines
+
+
+def _failure_json(failure: Failure | None) -> dict | None:
+    if failure is None:
+        return None
+    frame = failure.frames[-1] if failure.frames else None
+    location = f"{display_path(frame['path'])}:{frame['line']}" if frame else None
+    return dict(test=failure.test, message=failure.message, location=location)
+
+
+def _wrap(line: str) -> list[str]:
+    return textwrap.wrap(line, WIDTH - 2, initial_indent="    ", subsequent_indent="      ",
+                         break_on_hyphens=False) or [""]
+
+
+def _count(r: ExerciseResult) -> str:
+    """Counts mean something only when the run went to its end."""
+    return f"{r.passed}/{r.total}" if r.total and r.status in (PASSED, FAILING, NOT_STARTED) else "-"
+
+
+def _time(r: ExerciseResult) -> str:
+    return f"{r.seconds:.1f}s" if r.seconds else "-"
+
+
+def _cut(line: str, width: int = WIDTH) -> str:
+    return line if len(line) <= width else line[:width - 3] + "..."

@@ -1,0 +1,65 @@
+"""`python grader.py reset 03`: put the stub back, keeping the learner's file as a backup."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kata.exercises import SOLUTIONS_DIR, Exercise
+from kata.progress import BACKUP_DIR, backup_path
+from kata.results import display_path
+from kata.stubs import make_stub
+
+
+def reset(exercises: list[Exercise], target: Path, yes: bool = False) -> int:
+    """Reset each file that differs from its stub, after one y/n question; never lose a line."""
+    if target == SOLUTIONS_DIR.resolve():
+        print("The solutions are not reset; reset works on your exercise files.")
+        return 2
+    changed = []
+    for ex in exercises:
+        solution = SOLUTIONS_DIR / ex.filename
+        if not solution.is_file():
+            print(f"{ex.number}: no {display_path(solution)} to make the stub from; skipped.")
+            continue
+        stub = make_stub(solution.read_text(encoding="utf-8"), ex.filename)
+        path = target / ex.filename
+        if not path.is_file() or path.read_text(encoding="utf-8") != stub:
+            changed.append((ex, path, stub))
+    if not changed:
+        print("Nothing to reset: " + ", ".join(ex.number for ex in exercises) + " already hold the untouched stub.")
+        return 0
+    names = ", ".join(display_path(path) for _, path, _ in changed)
+    if not yes and not confirm(f"Reset {names} to the stub? Your version is kept as a backup. [y/N] "):
+        return 1
+    for ex, path, stub in changed:
+        kept = _backup(ex, path)
+        path.write_text(stub, encoding="utf-8")
+        print(f"reset {display_path(path)}" + (f"; your version is in {display_path(kept)}" if kept else ""))
+    return 0
+
+
+def confirm(question: str) -> bool:
+    try:
+        answer = input(question)
+    except EOFError:  # no terminal to ask (stdin closed or empty): the safe answer is no
+        print("\nNo answer (nothing on standard input): nothing reset. Add --yes to reset without asking.")
+        return False
+    if answer.strip().lower() not in ("y", "yes"):
+        print("Nothing reset.")
+        return False
+    return True
+
+
+def _backup(ex: Exercise, path: Path) -> Path | None:
+    if not path.is_file():
+        return None
+    BACKUP_DIR.mkdir(parents=True, exist_ok=True)
+    data = path.read_bytes()
+    while True:
+        kept = backup_path(ex.stem)
+        try:
+            with kept.open("xb") as out:  # exclusive: two resets in one second never share a name
+                out.write(data)
+            return kept
+        except FileExistsError:
+            continue

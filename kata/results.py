@@ -1,0 +1,150 @@
+"""What one exercise's test run came to: each test's outcome, and the exercise's status."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kata.exercises import Exercise
+
+PASSED, FAILING, NOT_STARTED = "passed", "failing", "not started"
+CRASHED, TIMED_OUT, SKIPPED, MISSING = "crashed", "timed out", "skipped", "missing"
+INTERRUPTED_EXITS = {2, 3, 4}  # pytest: interrupted, internal error, usage error
+
+
+@dataclass
+class TestResult:
+    nodeid: str
+    outcome: str  # passed, failed, error (outside the test body), skipped
+    phase: str = "call"
+    given: bool = False
+    skip_reason: str | None = None
+    seconds: float = 0.0
+    error: dict | None = None  # message, not_implemented, timeout, exit, frames
+    stdout: str = ""
+    about: str = ""  # the test's docstring, first line: the bug it catches
+
+    @property
+    def name(self) -> str:
+        return self.nodeid.rsplit("::", 1)[-1]
+
+    @property
+    def broken(self) -> bool:
+        return self.outcome in ("failed", "error")
+
+    def flag(self, key: str) -> bool:
+        return bool(self.error and self.error.get(key))
+
+
+@dataclass
+class Failure:
+    """The one thing to fix first: which test, its own message, where in the learner's file."""
+    test: str
+    message: str
+    frames: list[dict] = field(default_factory=list)
+    stdout: str = ""
+
+    @classmethod
+    def of(cls, test: TestResult, message: str | None = None) -> Failure:
+        error = test.error or {}
+        return cls(test.name, message or error.get("message", test.outcome), error.get("frames", []), test.stdout)
+
+
+@dataclass
+class ExerciseResult:
+    exercise: Exercise
+    path: Path  # the learner's file
+    status: str
+    passed: int = 0
+    total: int = 0
+    seconds: float = 0.0
+    note: str = ""
+    failure: Failure | None = None
+    tests: list[TestResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == PASSED
+
+
+def classify(exercise: Exercise, path: Path, events: list[dict], *, returncode: int | None, killed_after: float | None,
+             seconds: float, output: str) -> ExerciseResult:
+    """The exercise's status from the plugin's events and how the process ended."""
+    tests = [TestResult(**{k: v for k, v in e.items() if k != "event"}) for e in events if e["event"] == "test"]
+    counted = [t for t in tests if not t.given and t.outcome != "skipped"]
+    result = ExerciseResult(exercise, path, FAILING, sum(t.outcome == "passed" for t in counted), len(counted),
+                            seconds, tests=tests)
+    if _cut_short(result, events, returncode, killed_after, output):
+        return result
+    skipped = [t for t in tests if t.outcome == "skipped"]
+    first = next((t for t in tests if t.broken), None)
+    if skipped and not counted and first is None:
+        return _with(result, SKIPPED, note=skipped[0].skip_reason or "skipped")
+    note = f"{len(skipped)} skipped: {skipped[0].skip_reason}" if skipped else ""
+    if counted and all(t.flag("not_implemented") for t in counted):
+        return _with(result, NOT_STARTED, Failure.of(counted[0]), note)
+    if first is None:
+        return _with(result, PASSED, note=note)
+    return _with(result, FAILING, Failure.of(first), note)
+
+
+def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | None, killed_after: float | None,
+               output: str) -> bool:
+    """Set `result` to timed out, crashed or skipped when the run did not get through its tests."""
+    tests, running = result.tests, _running(events)
+    hung = next((t for t in tests if t.flag("timeout")), None)
+    finish = next((e for e in events if e["event"] == "finish"), None)
+    collect = {e["event"]: e for e in events if e["event"] in ("collect_error", "collect_skip")}
+    crash = next((t for t in tests if t.flag("exit") or (t.outcome == "error" and t.phase == "setup"
+                                                          and not t.flag("not_implemented"))), None)
+    if killed_after is not None or hung:
+        where = Failure.of(hung) if hung else Failure(running or "(before the first test)", "")
+        where.message = (f"still running after {killed_after:.0f} s: an endless loop?" if killed_after is not None
+                         else f"one test ran too long: an endless loop? ({hung.error['message']})")
+        _with(result, TIMED_OUT, where)
+    elif "collect_error" in collect:
+        _with(result, CRASHED, Failure(collect["collect_error"]["nodeid"], collect["collect_error"]["message"]))
+    elif finish is None:
+        _with(result, CRASHED, Failure(running or "(before the first test)", f"the test process died (exit code "
+                                       f"{returncode}){' while running this test' if running else ''}"))
+    elif crash:
+        _with(result, CRASHED, Failure.of(crash))
+    elif "collect_skip" in collect and not tests:  # the whole test file skipped, e.g. no Triton
+        _with(result, SKIPPED, note=collect["collect_skip"]["reason"])
+    elif finish["exitstatus"] in INTERRUPTED_EXITS or not tests:
+        _with(result, CRASHED, Failure("pytest", _tail(output) or f"pytest exited with {returncode}"))
+    else:
+        return False
+    return True
+
+
+def skipped_result(exercise: Exercise, path: Path, reason: str) -> ExerciseResult:
+    return ExerciseResult(exercise, path, SKIPPED, note=reason)
+
+
+def missing_result(exercise: Exercise, path: Path, missing: Path) -> ExerciseResult:
+    return ExerciseResult(exercise, path, MISSING, failure=Failure("(no test run)", f"{display_path(missing)} is missing"))
+
+
+def _with(result: ExerciseResult, status: str, failure: Failure | None = None, note: str = "") -> ExerciseResult:
+    result.status, result.failure, result.note = status, failure, note
+    return result
+
+
+def _running(events: list[dict]) -> str | None:
+    """The test that started and never reported: where a killed or dead process was."""
+    started = [e["nodeid"] for e in events if e["event"] == "start"]
+    done = {e["nodeid"] for e in events if e["event"] == "test"}
+    pending = [n for n in started if n not in done]
+    return pending[-1].rsplit("::", 1)[-1] if pending else None
+
+
+def _tail(output: str, lines: int = 8) -> str:
+    return "\n".join(output.strip().splitlines()[-lines:])
+
+
+def display_path(path: str | Path) -> str:
+    """A path as the learner sees it: relative to where they are, when it is below."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return str(path)

@@ -1,0 +1,140 @@
+"""The grader's pieces in-process: status rules, the report's layout, backups, the plugin's helpers."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kata import progress, reset, runner
+from kata.exercises import EXERCISES
+from kata.pytest_plugin import cap, mentions_not_implemented
+from kata.report import details, summary
+from kata.results import Failure, classify
+
+FINISH = {"event": "finish", "exitstatus": 1}
+LONG = ("tiled_attention(q (37, 16) float32, k (41, 16) float32, block_q 8, block_k 16, causal): "
+        "row 12 is wrong (off by 0.25 at index (12, 3))\n  expected: [0.1 0.2 0.3 ... 0.7 0.8 0.9]\n"
+        "  got:      [0.1 0.2 0.3 ... 0.7 0.8 1.9]\n  convention: rescale acc when m grows\n") * 3
+
+
+def ran(name, outcome="passed", **extra):
+    return {"event": "test", "nodeid": f"tests/t.py::{name}", "outcome": outcome, **extra}
+
+
+def error(message, **flags):
+    return {"message": message, "frames": [{"path": "exercises/x.py", "line": 3, "function": "f",
+                                            "source": "return x " * 20}], **flags}
+
+
+def result(events, number="04", **kw):
+    ex = next(e for e in EXERCISES if e.number == number)
+    kw = {"returncode": 1, "killed_after": None, "seconds": 0.5, "output": "", **kw}
+    return classify(ex, Path("exercises") / ex.filename, events, **kw)
+
+
+@pytest.mark.parametrize("events, status", [
+    ([ran("a"), ran("b", given=True), FINISH], "passed"),
+    ([ran("a", "failed", error=error("not started: f", not_implemented=True)),
+      ran("b", given=True), FINISH], "not started"),
+    ([ran("a", "failed", error=error("not started: f", not_implemented=True)), ran("b"), FINISH], "failing"),
+    ([ran("a", "skipped", skip_reason="needs a CUDA device"), FINISH], "skipped"),
+    ([ran("a", given=True), FINISH], "passed"),
+    ([ran("a"), ran("b", "skipped", skip_reason="needs a CUDA device"), FINISH], "passed"),
+    ([ran("a", "error", phase="setup", error=error("SyntaxError: invalid syntax")), FINISH], "crashed"),
+    ([ran("a", "failed", error=error("the code called sys.exit(1)", exit=True)), FINISH], "crashed"),
+    ([{"event": "collect_error", "nodeid": "tests/t.py", "message": "ImportError"}, FINISH], "crashed"),
+    ([{"event": "start", "nodeid": "tests/t.py::a"}], "crashed"),
+    ([FINISH], "crashed"),
+    ([{"event": "collect_skip", "nodeid": "tests/t.py", "reason": "could not import 'triton'"}, FINISH], "skipped"),
+    ([ran("a", "failed", error=error("Timeout (>1s)", timeout=True)), FINISH], "timed out"),
+], ids=["pass-given-uncounted", "stub", "half-started", "all-gpu-skipped", "only-given", "pass-with-skips", "syntax-error",
+        "sys-exit", "test-file-broken", "process-died", "no-tests", "file-skipped", "pytest-timeout"])
+def test_status_rules(events, status):
+    assert result(events).status == status
+
+
+def test_a_process_killed_on_timeout_names_the_test_it_was_in():
+    r = result([{"event": "start", "nodeid": "tests/t.py::test_slow[nq5]"}], killed_after=60.0)
+    assert r.status == "timed out" and r.failure.test == "test_slow[nq5]"
+    assert "still running after 60 s" in r.failure.message
+
+
+def test_the_report_of_every_status_fits_80_columns_and_30_lines():
+    """Long messages, long notes, long source lines: all cut to a plain terminal."""
+    failing = result([ran("test_ragged[nq37-nk41-bq8-bk16-causal]", "failed", error=error(LONG)), FINISH])
+    rows = [result([ran("a"), FINISH], "01"), result([FINISH], "02"), failing,
+            result([ran("a"), ran("b", "skipped", skip_reason="needs a CUDA device " * 5), FINISH], "05"),
+            result([{"event": "start", "nodeid": "t::a"}], "06", killed_after=300.0),
+            result([ran("a", "failed", error=error("x", not_implemented=True)), FINISH], "03")]
+    text = summary(rows, "exercises/")
+    assert max(map(len, text.splitlines())) <= 80 and len(text.splitlines()) <= 30, text
+    assert "Next: 02 online_softmax (crashed)" in text and "2 of 6 exercises passed" in text
+    full = details(failing)
+    assert "FAILED test_ragged[nq37-nk41-bq8-bk16-causal]" in full and "row 12 is wrong" in full
+    assert max(map(len, full.splitlines())) <= 80
+
+
+def test_not_implemented_is_found_through_wrapping_errors():
+    """A Triton compile error of a `raise NotImplementedError` in a jit function is a stub, not a bug."""
+    class CompilationError(Exception):
+        pass
+    try:
+        try:
+            raise NotImplementedError("kernel: replace this line")
+        except NotImplementedError as inner:
+            raise CompilationError("at 12:4: compile failed") from inner
+    except CompilationError as outer:
+        assert mentions_not_implemented(outer)
+    assert mentions_not_implemented(RuntimeError("NotImplementedError('tile: replace this line')"))
+    assert not mentions_not_implemented(ValueError("shape"))
+
+
+def test_cap_says_how_much_was_cut():
+    assert cap("x" * 2000, chars=100).endswith("(1900 more characters cut)")
+    assert cap("short") == "short"
+
+
+def test_two_backups_in_the_same_second_get_two_names(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "BACKUP_DIR", tmp_path)
+    monkeypatch.setattr(reset, "BACKUP_DIR", tmp_path)
+    monkeypatch.setattr(progress, "now", lambda: "2026-11-29T10:40:00")
+    learner = tmp_path / "mine.py"
+    kept = []
+    for text in ("one", "two", "three"):
+        learner.write_text(text)
+        kept.append(reset._backup(EXERCISES[2], learner))
+    assert [p.name for p in kept] == ["03_merge_partials.2026-11-29T10-40-00.py",
+                                      "03_merge_partials.2026-11-29T10-40-00-2.py",
+                                      "03_merge_partials.2026-11-29T10-40-00-3.py"]
+    assert [p.read_text() for p in kept] == ["one", "two", "three"]
+
+
+def test_without_triton_the_kernel_exercise_is_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert runner.triton_missing() == "Triton needs Linux"
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert runner.triton_missing() == "Triton is not installed"
+
+
+def test_failure_of_a_test_keeps_its_printed_output():
+    r = result([ran("a", "failed", error=error("boom"), stdout="hello"), FINISH])
+    assert r.failure == Failure("a", "boom", error("boom")["frames"], "hello")
+
+
+GOLDEN = Path(__file__).with_name("grader_golden_report.txt")
+
+
+def test_the_report_matches_its_golden_file():
+    """Pins the report's look; after a deliberate change: KATA_UPDATE_GOLDEN=1 pytest tests/kata."""
+    rows = [result([ran("a"), ran("b", given=True), FINISH], "01"),
+            result([ran("test_ragged[nq5-nk7-bq2-bk3-causal]", "failed", error=error(LONG)), ran("b"), FINISH], "02"),
+            result([ran("a", "failed", error=error("not started: f: replace this line", not_implemented=True)),
+                    FINISH], "03"),
+            result([ran("a", "error", phase="setup", error=error("SyntaxError: invalid syntax")), FINISH], "04"),
+            result([{"event": "start", "nodeid": "t::test_io[n7]"}], "05", killed_after=60.0),
+            result([ran("a"), ran("b", "skipped", skip_reason="needs a CUDA GPU"), FINISH], "06")]
+    text = summary(rows, "exercises/") + "\n\n" + details(rows[1]) + "\n"
+    if os.environ.get("KATA_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), f"the report changed; compare with {GOLDEN.name}"
