@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -125,6 +126,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("\nStopped.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left early (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as error:  # the grader's own fault: one line, never a traceback
         print(f"grader.py: internal error: {type(error).__name__}: {error}\n"
               f"Please report it; `python grader.py doctor` may show the cause.", file=sys.stderr)

@@ -80,7 +80,7 @@ def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: 
     sizes = dict(zip(["n_q", "n_k", "block_q", "block_k"], numbers))
     try:
         module = load(exercise, target)
-        print(schedule_view.show(module, **{**dict(n_q=6, n_k=6, block_q=1, block_k=1), **sizes}, causal=causal))
+        print(schedule_view.show(module, **sizes, causal=causal))
     except NotImplementedError as error:
         print(f"Nothing to draw yet: {error}")
         return 1

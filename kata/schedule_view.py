@@ -1,6 +1,6 @@
 """Draw exercise 04's tile schedule in the terminal: which tiles are computed, masked or skipped.
 
-    show(module, n_q=6, n_k=6, block_q=1, block_k=1, causal=True) -> str
+    show(module, n_q=12, n_k=12, block_q=2, block_k=2, causal=True) -> str
         Calls module.tile_schedule(n_q, n_k, block_q, block_k, causal=causal) and returns the
         drawing, or one line saying what to fix (a stub not started, a wrong return value, an
         exception). `python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]` prints it.
@@ -65,9 +65,13 @@ def draw(schedule, n_q: int, n_k: int, block_q: int, block_k: int) -> str:
     return "\n".join(lines)
 
 
-def show(module: ModuleType, n_q: int = 6, n_k: int = 6, block_q: int = 1, block_k: int = 1,
+def show(module: ModuleType, n_q: int = 12, n_k: int = 12, block_q: int = 2, block_k: int = 2,
          causal: bool = True) -> str:
-    """Draw what the learner's module.tile_schedule returns, or say in one line what to fix."""
+    """Draw what the learner's module.tile_schedule returns, or say in one line what to fix.
+
+    The default is causal with 6 x 6 tiles of 2 x 2: the diagonal tiles need the mask, the rest
+    below it do not, and those above it are skipped (with 1 x 1 tiles no tile needs the mask).
+    """
     if min(n_q, n_k, block_q, block_k) < 1:
         return f"n_q, n_k, block_q and block_k must be at least 1 (got {n_q}, {n_k}, {block_q}, {block_k})"
     call = f"tile_schedule({n_q}, {n_k}, {block_q}, {block_k}, causal={causal})"

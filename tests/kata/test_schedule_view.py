@@ -50,11 +50,11 @@ def test_draw_notes_tiles_out_of_order():
 
 
 def test_show_calls_tile_schedule_with_the_defaults():
-    """The default is the causal 6 x 6 example, one token a block."""
-    module = module_returning([(i, j, False) for i in range(6) for j in range(i + 1)])
+    """The default is the causal example of 6 x 6 tiles, 2 x 2 each: the diagonal needs the mask."""
+    module = module_returning([(i, j, i == j) for i in range(6) for j in range(i + 1)])
     picture = show(module)
-    assert module.calls == [(6, 6, 1, 1, True)]
-    assert "21 of 36 tiles computed, 0 of them with the mask" in picture
+    assert module.calls == [(12, 12, 2, 2, True)]
+    assert "21 of 36 tiles computed, 6 of them with the mask" in picture
 
 
 def test_show_passes_sizes_and_no_causal():
