@@ -49,10 +49,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)  # --watch: seconds between looks
     argv, rest = _split_bench(argv)
     args = p.parse_args(argv)
-    if args.timeout <= 0 or args.workers < 1:
-        p.error("--timeout and --workers must be positive")
-    if args.show and (len(args.show) > 5 or not all(n.isdigit() and int(n) > 0 for n in args.show[1:])):
-        p.error("--show takes an exercise and up to four positive sizes: --show 04 n_q n_k block_q block_k")
+    refuse_mismatches(p, args)
     return args, rest
 
 
@@ -70,6 +67,24 @@ def _split_bench(argv: list[str]) -> tuple[list[str], list[str]]:
         else:
             rest.append(arg)
     return mine, rest
+
+
+def refuse_mismatches(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Words and flags that do not go together: exit 2 with the reason, rather than ignore some."""
+    if args.timeout <= 0 or args.workers < 1:
+        p.error("--timeout and --workers must be positive")
+    if args.show and (args.show[0].lstrip("0") != "4" or len(args.show) > 5
+                      or not all(n.isdigit() and int(n) > 0 for n in args.show[1:])):
+        p.error("--show draws exercise 04's tile schedule: --show 04 [n_q n_k block_q block_k]")
+    command = args.words[0] if args.words and args.words[0] in COMMANDS else None
+    if (args.watch or args.bench or args.show) and args.words:
+        p.error("--watch, --bench and --show take no exercise or command")
+    if args.json and command:
+        p.error(f"--json is for the report, not for {command}")
+    if command == "doctor" and len(args.words) > 1:
+        p.error("doctor takes no exercise")
+    if args.all and command == "reset" and len(args.words) > 1:
+        p.error("reset takes exercises or --all, not both")
 
 
 def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
@@ -117,6 +132,7 @@ def _interrupt(signum, frame):
 
 def main(argv: list[str]) -> int:
     args, rest = parse(argv)
+    sys.dont_write_bytecode = True  # loading a learner's file must leave no __pycache__ in exercises/
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return dispatch(args, rest)

@@ -1,13 +1,11 @@
 """The grader's commands: the report, one exercise in full, a solution, the schedule drawing, the bench."""
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
-from types import ModuleType
 
-from kata import report
-from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, load
+from kata import io_report, report, schedule_view
+from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, find, load
 from kata.progress import Progress
 from kata.results import ExerciseResult, display_path
 from kata.runner import run_exercise, run_many
@@ -73,51 +71,21 @@ def show_solution(exercise: Exercise, force: bool, timeout: float) -> int:
 
 def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: Path) -> int:
     """`python grader.py --show 04 [n_q n_k block_q block_k]`: draw the learner's tile schedule."""
-    schedule_view = optional("kata.schedule_view")
-    if schedule_view is None:
-        print("The schedule drawing (kata/schedule_view.py) is not part of this copy of the kata.")
-        return 1
     sizes = dict(zip(["n_q", "n_k", "block_q", "block_k"], numbers))
-    try:
-        module = load(exercise, target)
-        print(schedule_view.show(module, **sizes, causal=causal))
-    except NotImplementedError as error:
-        print(f"Nothing to draw yet: {error}")
-        return 1
-    except Exception as error:  # the learner's code: report it, never a traceback
-        print(f"Drawing {exercise.number}'s tile_schedule failed: {type(error).__name__}: {error}")
-        return 1
-    return 0
+    picture, ok = schedule_view.show(load(exercise, target), **sizes, causal=causal)
+    print(picture)
+    return 0 if ok else 1
 
 
 def run_bench(target: Path, argv: list[str]) -> int:
-    bench = optional("kata.bench")
-    if bench is None:
-        print("The benchmark (kata/bench.py) is not part of this copy of the kata.")
-        return 1
+    from kata import bench  # imports torch: only when asked for
     return bench.main(target, argv)
-
-
-def optional(name: str) -> ModuleType | None:
-    """A kata module that this copy may lack (the drawing, the IO table, the bench): None if absent."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        return None
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:
     """After 05 passes: how much the fused algorithm saves, from the learner's own code."""
-    io_report = optional("kata.io_report")
-    if io_report is None or not any(r.ok and r.exercise.number == IO_EXERCISE for r in results):
-        return
-    try:
-        module = load(next(ex for ex in EXERCISES if ex.number == IO_EXERCISE), target)
-        print("\n" + io_report.table(module))
-    except Exception:  # an optional extra: never in the way of the report
-        return
+    if any(r.ok and r.exercise.number == IO_EXERCISE for r in results):
+        print("\n" + io_report.table(load(find(IO_EXERCISE), target)))
 
 
 def _ticker(result: ExerciseResult) -> None:

@@ -93,7 +93,13 @@ def main() -> int:
     print(f"{'platform':<15} {platform.system()} {platform.release()} ({platform.machine()})")
     probe = probe_kernel() if versions["triton"] and versions["torch"] else None
     cuda = bool(probe and probe.get("cuda"))
-    print(f"{'GPU':<15} {probe.get('device') if cuda else 'no CUDA GPU: exercise 06 runs in Triton interpreter'}")
+    if cuda:
+        gpu = probe.get("device")
+    elif probe is None:
+        gpu = "unknown: torch and Triton are needed to look (exercise 06 is skipped without them)"
+    else:
+        gpu = "no CUDA GPU: exercise 06 runs in Triton's interpreter on the CPU"
+    print(f"{'GPU':<15} {gpu}")
     if probe is not None:
         state = "works" if probe["ok"] else f"FAILS: {probe['error']}"
         print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as exercise 06 runs it'}: {state}")

@@ -38,7 +38,7 @@ class Mutant:
     replace: tuple[tuple[str, str], ...]
 
     def source(self) -> str:
-        text = (SOLUTIONS_DIR / self.exercise.filename).read_text()
+        text = (SOLUTIONS_DIR / self.exercise.filename).read_text(encoding="utf-8")
         for old, new in self.replace:
             count = text.count(old)
             if count != 1:
@@ -53,7 +53,7 @@ def load_mutants(exercise: Exercise) -> list[Mutant]:
     path = MUTANTS_DIR / f"{exercise.stem}.toml"
     if not path.exists():
         return []
-    entries = tomllib.loads(path.read_text())["mutant"]
+    entries = tomllib.loads(path.read_text(encoding="utf-8"))["mutant"]
     return [Mutant(exercise, e["name"], e["bug"], tuple(map(tuple, e["replace"]))) for e in entries]
 
 
@@ -62,7 +62,7 @@ def run_one(mutant: Mutant) -> tuple[Mutant, str, float]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
         # Each exercise file is self-contained and its tests load it alone.
-        Path(tmp, mutant.exercise.filename).write_text(mutant.source())
+        Path(tmp, mutant.exercise.filename).write_text(mutant.source(), encoding="utf-8")
         cmd = [sys.executable, "-m", "pytest", str(mutant.exercise.test_file), "--target", tmp,
                "-x", "-q", "-p", "no:cacheprovider"]
         try:
@@ -72,7 +72,9 @@ def run_one(mutant: Mutant) -> tuple[Mutant, str, float]:
             rc = "failed" if done.returncode == 1 and " failed" in summary else done.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    verdict = {0: "SURVIVED", "failed": "killed", "timeout": "killed (timeout)"}.get(rc, f"error (pytest exit {rc})")
+    # A timeout proves nothing: a mutant that only runs slowly would count as killed.
+    verdict = {0: "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
+        rc, f"error (pytest exit {rc})")
     return mutant, verdict, time.perf_counter() - start
 
 
@@ -85,7 +87,7 @@ def main(argv: list[str]) -> int:
     workers = os.cpu_count() or 2
     with ThreadPoolExecutor(workers) as pool:
         for mutant, verdict, seconds in pool.map(run_one, mutants):
-            survivors += not verdict.startswith("killed")
+            survivors += verdict != "killed"
             print(f"{mutant.exercise.number} {mutant.name:<32} {verdict:<18} {seconds:5.1f}s  {mutant.bug}",
                   flush=True)
     killed = len(mutants) - survivors

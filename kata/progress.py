@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kata.exercises import ROOT
+from kata.results import display_path
 
 STATE_DIR = ROOT / ".kata"
 BACKUP_DIR = STATE_DIR / "backups"
@@ -38,8 +39,8 @@ class Progress:
                 os.replace(self.path, aside)
             except OSError:
                 aside = self.path
-            print(f"warning: {self.path.relative_to(ROOT)} could not be read ({error}); starting afresh, "
-                  f"the old file is kept as {aside.relative_to(ROOT)}", file=sys.stderr)
+            print(f"warning: {display_path(self.path)} could not be read ({error}); starting afresh, "
+                  f"the old file is kept as {display_path(aside)}", file=sys.stderr)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,11 +71,11 @@ def now() -> str:
     return datetime.now().isoformat(timespec="seconds")
 
 
-def backup_path(stem: str) -> Path:
-    """A fresh name under .kata/backups/: `03_merge_partials.2026-11-29T10-40-00.py`, then `...-2.py`."""
+def backup_names(stem: str):
+    """Names under .kata/backups/ to try in turn: `03_merge_partials.2026-11-29T10-40-00.py`, `...-2.py`, ..."""
     stamp = now().replace(":", "-")  # ':' is not allowed in Windows file names
-    path, n = BACKUP_DIR / f"{stem}.{stamp}.py", 1
-    while path.exists():
+    yield BACKUP_DIR / f"{stem}.{stamp}.py"
+    n = 2
+    while True:
+        yield BACKUP_DIR / f"{stem}.{stamp}-{n}.py"
         n += 1
-        path = BACKUP_DIR / f"{stem}.{stamp}-{n}.py"
-    return path

@@ -10,7 +10,6 @@ from kata.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, Exercis
 
 WIDTH = 80  # the report fits a plain terminal
 BAR = 30  # characters in the progress bar
-SUMMARY_LINES = 6  # of the first failure's message in the report
 DETAIL_TESTS = 5  # failing tests shown in full by `python grader.py NN`
 
 
@@ -36,11 +35,17 @@ def summary(results: list[ExerciseResult], target_label: str) -> str:
 def next_step(results: list[ExerciseResult]) -> str:
     current = next((r for r in results if not r.ok and r.status != SKIPPED), None)
     if current is None:
+        if any(r.exercise.needs_gpu and r.note for r in results):  # its GPU tests were skipped
+            return ("Every exercise passes on the CPU. On a machine with a CUDA GPU, run python grader.py\n"
+                    "again to test 06 compiled, then measure your kernel: python grader.py --bench")
         return "Every exercise passes. Measure your kernel: python grader.py --bench"
     ex = current.exercise
-    lines = [f"Next: {ex.number} {ex.name} ({current.status}): open {display_path(current.path)}"]
+    lines = [f"Next: {ex.number} {ex.name}, {ex.title} ({current.status})", f"  open {display_path(current.path)}"]
     if current.failure:
-        lines += [f"  {current.failure.test}:"] + _failure_lines(current.failure, SUMMARY_LINES)
+        lines += _wrap(f"{current.failure.test}: {current.failure.message.strip().splitlines()[0]}", indent="  ")
+        frame = current.failure.frames[-1] if current.failure.frames else None
+        if frame:
+            lines.append(_cut(f"  at {display_path(frame['path'])}:{frame['line']} in {frame['function']}"))
     if current.status != MISSING:
         lines.append(f"Details: python grader.py {ex.number}    Hint: python grader.py hint {ex.number}")
     return "\n".join(lines)
@@ -112,8 +117,8 @@ def _failure_json(failure: Failure | None) -> dict | None:
     return dict(test=failure.test, message=failure.message, location=location)
 
 
-def _wrap(line: str) -> list[str]:
-    return textwrap.wrap(line, WIDTH - 2, initial_indent="    ", subsequent_indent="      ",
+def _wrap(line: str, indent: str = "    ") -> list[str]:
+    return textwrap.wrap(line, WIDTH - 2, initial_indent=indent, subsequent_indent=indent + "  ",
                          break_on_hyphens=False) or [""]
 
 

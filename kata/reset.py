@@ -1,11 +1,10 @@
 """`python grader.py reset 03`: put the stub back, keeping the learner's file as a backup."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from kata.exercises import SOLUTIONS_DIR, Exercise
-from kata.progress import BACKUP_DIR, backup_path
+from kata.progress import BACKUP_DIR, backup_names
 from kata.results import display_path
 from kata.stubs import make_stub
 
@@ -26,7 +25,8 @@ def reset(exercises: list[Exercise], target: Path, yes: bool = False) -> int:
         if not path.is_file() or path.read_text(encoding="utf-8") != stub:
             changed.append((ex, path, stub))
     if not changed:
-        print("Nothing to reset: " + ", ".join(ex.number for ex in exercises) + " already hold the untouched stub.")
+        print("Nothing to reset: " + ", ".join(ex.number for ex in exercises)
+              + (" holds" if len(exercises) == 1 else " hold") + " the untouched stub.")
         return 0
     names = ", ".join(display_path(path) for _, path, _ in changed)
     if not yes and not confirm(f"Reset {names} to the stub? Your version is kept as a backup. [y/N] "):
@@ -55,8 +55,7 @@ def _backup(ex: Exercise, path: Path) -> Path | None:
         return None
     BACKUP_DIR.mkdir(parents=True, exist_ok=True)
     data = path.read_bytes()
-    while True:
-        kept = backup_path(ex.stem)
+    for kept in backup_names(ex.stem):
         try:
             with kept.open("xb") as out:  # exclusive: two resets in one second never share a name
                 out.write(data)

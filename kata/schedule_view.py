@@ -1,9 +1,9 @@
 """Draw exercise 04's tile schedule in the terminal: which tiles are computed, masked or skipped.
 
-    show(module, n_q=12, n_k=12, block_q=2, block_k=2, causal=True) -> str
+    show(module, n_q=12, n_k=12, block_q=2, block_k=2, causal=True) -> (str, bool)
         Calls module.tile_schedule(n_q, n_k, block_q, block_k, causal=causal) and returns the
-        drawing, or one line saying what to fix (a stub not started, a wrong return value, an
-        exception). `python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]` prints it.
+        drawing and True, or one line saying what to fix (a stub not started, a wrong return
+        value, an exception) and False. `python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]` prints it.
     draw(schedule, n_q, n_k, block_q, block_k) -> str
         The drawing of a schedule already in hand: query blocks down, key blocks across.
         Raises ValueError naming the first tile that is not (i, j, needs_mask) in range.
@@ -66,22 +66,22 @@ def draw(schedule, n_q: int, n_k: int, block_q: int, block_k: int) -> str:
 
 
 def show(module: ModuleType, n_q: int = 12, n_k: int = 12, block_q: int = 2, block_k: int = 2,
-         causal: bool = True) -> str:
-    """Draw what the learner's module.tile_schedule returns, or say in one line what to fix.
+         causal: bool = True) -> tuple[str, bool]:
+    """Draw what the learner's module.tile_schedule returns, or say in one line what to fix (and False).
 
     The default is causal with 6 x 6 tiles of 2 x 2: the diagonal tiles need the mask, the rest
     below it do not, and those above it are skipped (with 1 x 1 tiles no tile needs the mask).
     """
     if min(n_q, n_k, block_q, block_k) < 1:
-        return f"n_q, n_k, block_q and block_k must be at least 1 (got {n_q}, {n_k}, {block_q}, {block_k})"
+        return f"n_q, n_k, block_q and block_k must be at least 1 (got {n_q}, {n_k}, {block_q}, {block_k})", False
     call = f"tile_schedule({n_q}, {n_k}, {block_q}, {block_k}, causal={causal})"
     try:
         schedule = module.tile_schedule(n_q, n_k, block_q, block_k, causal=causal)
     except NotImplementedError as exc:
-        return f"not started: {exc}. Write tile_schedule in 04_tiled_attention.py first, then draw it again"
+        return f"not started: {exc}. Write tile_schedule in 04_tiled_attention.py first, then draw it again", False
     except Exception as exc:  # the learner's code: say what broke, the tests give the traceback
-        return f"{call} raised {type(exc).__name__}: {exc} (run the tests of exercise 04 for the traceback)"
+        return f"{call} raised {type(exc).__name__}: {exc} (run the tests of exercise 04 for the traceback)", False
     try:
-        return draw(schedule, n_q, n_k, block_q, block_k)
+        return draw(schedule, n_q, n_k, block_q, block_k), True
     except ValueError as exc:
-        return f"{call}: {exc}"
+        return f"{call}: {exc}", False

@@ -57,7 +57,7 @@ def make_stub(solution: str, filename: str = "<solution>") -> str:
 
 
 def expected_stubs() -> dict[str, str]:
-    return {ex.filename: make_stub((SOLUTIONS_DIR / ex.filename).read_text(), ex.filename)
+    return {ex.filename: make_stub((SOLUTIONS_DIR / ex.filename).read_text(encoding="utf-8"), ex.filename)
             for ex in EXERCISES if (SOLUTIONS_DIR / ex.filename).exists()}
 
 
@@ -65,11 +65,11 @@ def main(argv: list[str]) -> int:
     stubs = expected_stubs()
     if "--write" in argv:
         for filename, text in stubs.items():
-            (EXERCISES_DIR / filename).write_text(text)
+            (EXERCISES_DIR / filename).write_text(text, encoding="utf-8")
         print(f"wrote {len(stubs)} exercise files from solutions/")
         return 0
     stale = [f for f, text in stubs.items()
-             if not (EXERCISES_DIR / f).exists() or (EXERCISES_DIR / f).read_text() != text]
+             if not (EXERCISES_DIR / f).exists() or (EXERCISES_DIR / f).read_text(encoding="utf-8") != text]
     stray = sorted(p.name for p in EXERCISES_DIR.glob("*.py") if p.name not in stubs)
     if stale or stray:
         if stale:

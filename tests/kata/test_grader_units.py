@@ -1,4 +1,4 @@
-"""The grader's pieces in-process: status rules, the report's layout, backups, the plugin's helpers."""
+"""The grader's pieces in-process: status rules, the report's layout, backups, the plugin's functions."""
 import os
 import sys
 from pathlib import Path
@@ -68,7 +68,7 @@ def test_the_report_of_every_status_fits_80_columns_and_30_lines():
             result([ran("a", "failed", error=error("x", not_implemented=True)), FINISH], "03")]
     text = summary(rows, "exercises/")
     assert max(map(len, text.splitlines())) <= 80 and len(text.splitlines()) <= 30, text
-    assert "Next: 02 online_softmax (crashed)" in text and "2 of 6 exercises passed" in text
+    assert "Next: 02 online_softmax, one pass: running max and running sum (crashed)" in text and "2 of 6 exercises passed" in text
     full = details(failing)
     assert "FAILED test_ragged[nq37-nk41-bq8-bk16-causal]" in full and "row 12 is wrong" in full
     assert max(map(len, full.splitlines())) <= 80

@@ -52,7 +52,8 @@ def test_draw_notes_tiles_out_of_order():
 def test_show_calls_tile_schedule_with_the_defaults():
     """The default is the causal example of 6 x 6 tiles, 2 x 2 each: the diagonal needs the mask."""
     module = module_returning([(i, j, i == j) for i in range(6) for j in range(i + 1)])
-    picture = show(module)
+    picture, ok = show(module)
+    assert ok
     assert module.calls == [(12, 12, 2, 2, True)]
     assert "21 of 36 tiles computed, 6 of them with the mask" in picture
 
@@ -75,10 +76,11 @@ def test_show_passes_sizes_and_no_causal():
 ], ids=["stub", "exception", "dict", "pair", "int-flag", "key-block-too-far", "negative", "twice"])
 def test_show_explains_a_wrong_schedule_in_one_line(result, words):
     """A learner's bug is named in one line, never shown as the viewer's own traceback."""
-    message = show(module_returning(result), 6, 6, 2, 2)
-    assert words in message and "\n" not in message
+    message, ok = show(module_returning(result), 6, 6, 2, 2)
+    assert words in message and "\n" not in message and not ok
 
 
 def test_show_refuses_empty_sizes():
     module = module_returning([])
-    assert "at least 1" in show(module, 0, 6, 1, 1) and module.calls == []
+    message, ok = show(module, 0, 6, 1, 1)
+    assert "at least 1" in message and not ok and module.calls == []

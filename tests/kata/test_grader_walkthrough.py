@@ -1,4 +1,4 @@
-"""A learner's session walked end to end on a copy of the kata: report, hint, solve, solution, reset."""
+"""A learner walked end to end on a copy of the kata: report, hint, solve, solution, reset."""
 import os
 import shutil
 import subprocess
@@ -14,12 +14,12 @@ def solve_01(root):
     shutil.copy2(root / "solutions" / "01_safe_softmax.py", root / FILE_01)
 
 
-def test_a_learner_session_from_stubs_to_a_solution(tmp_path):
+def test_a_learner_from_stubs_to_a_solution(tmp_path):
     """Stubs -> hint -> solve 01 -> report 1 of 6 pointing at 02 -> solution unlocked -> reset keeps a backup."""
     root = make_repo(tmp_path, real=("01",), fake={"02": None})
     first = grader(root)
     assert first.returncode == 1 and "0 of 6 exercises passed" in first.stdout
-    assert f"Next: 01 safe_softmax (not started): open {FILE_01}" in first.stdout
+    assert f"Next: 01 safe_softmax, softmax without overflow (not started)\n  open {FILE_01}" in first.stdout
 
     hint1, hint2 = grader(root, "hint", "01"), grader(root, "hint", "1")
     assert hint1.stdout.startswith("Hint 1 of 4 for 01") and "np.exp(1000.0)" in hint1.stdout
@@ -30,7 +30,7 @@ def test_a_learner_session_from_stubs_to_a_solution(tmp_path):
     solve_01(root)
     solved = grader(root)
     assert "1 of 6 exercises passed" in solved.stdout, solved.stdout
-    assert "Next: 02 online_softmax (not started): open exercises/02_online_softmax.py" in solved.stdout
+    assert "(not started)\n  open exercises/02_online_softmax.py" in solved.stdout
     assert "python grader.py hint 02" in solved.stdout
 
     unlocked = grader(root, "solution", "safe_softmax")
