@@ -1,0 +1,264 @@
+"""Tests for exercise 06: the fused Triton kernel against float64 oracles.
+
+Without a CUDA device the kernel runs in Triton's interpreter on the CPU (float32, small ragged
+shapes); with one, the same tests run compiled, and the tests marked gpu add float16, bfloat16 and
+float32 at up to 4096 tokens. Each test's name says the bug it catches; mutants/06_triton_kernel.toml
+holds those bugs.
+"""
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+from kata.checks import assert_close, assert_unmodified
+
+torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the exercise's @triton.jit runs: set it first
+pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log2(0) = -inf, wanted
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
+CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
+PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
+TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
+}
+
+
+def oracle(q, k, v, causal=False, scale=None, kv_lens=None):
+    """softmax(scale q k^T + mask) v and its log-sum-exp in float64, straight from the definition."""
+    q, k, v = (t.double() for t in (q, k, v))
+    n_q, n_k = q.shape[2], k.shape[2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    keep = torch.ones(q.shape[0], 1, n_q, n_k, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+    if kv_lens is not None:
+        live = torch.arange(n_k, device=q.device) < kv_lens[:, None].to(q.device)  # (B, n_k)
+        keep &= live[:, None, None, :]
+        v = torch.where(live[:, None, :, None], v, 0.0)  # 0 * NaN padding would be NaN
+    s = torch.where(keep, (q @ k.transpose(-1, -2)) * scale, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(keep, torch.exp(s - lse[..., None]), 0.0)  # a fully masked row weighs nothing
+    return p @ v, lse
+
+
+def stub_message(err: BaseException) -> str | None:
+    """The stub's message when `err` comes from a stubbed @triton.jit body, else None.
+
+    The interpreter wraps the stub's NotImplementedError; the compiler rejects its `raise` statement
+    with the source line, which holds the message.
+    """
+    while err is not None:
+        if isinstance(err, NotImplementedError):
+            return str(err)
+        found = re.search(r'NotImplementedError\("([^"]*)"\)', str(err))
+        if found:
+            return found.group(1)
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def run(ex, q, k, v, **kw):
+    """Call the kernel; a stubbed kernel body surfaces as NotImplementedError ("not started")."""
+    try:
+        return ex.flash_attention(q, k, v, **kw)
+    except Exception as err:
+        message = stub_message(err)
+        if message is None:
+            raise
+        raise NotImplementedError(message) from None
+
+
+def randn(rng, *shape, dtype=torch.float32):
+    return torch.from_numpy(rng.standard_normal(shape)).to(device=DEVICE, dtype=dtype)
+
+
+def name(q, k, causal=False, kv_lens=None, scale=None) -> str:
+    extra = (", causal" if causal else "") + (f", kv_lens={kv_lens.tolist()}" if kv_lens is not None else "")
+    extra += f", scale={scale}" if scale is not None else ""
+    return f"flash_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra})"
+
+
+def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention=""):
+    """Run the kernel, compare o and lse with the oracle, and check types, shapes and inputs."""
+    __tracebackhide__ = True
+    before = [t.clone() for t in (q, k, v)]
+    o, lse = run(ex, q, k, v, causal=causal, scale=scale, kv_lens=kv_lens)
+    what = name(q, k, causal, kv_lens, scale)
+    assert o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), \
+        f"{what}: o must have q's dtype and shape {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(q.shape[:3]), \
+        f"{what}: lse must be float32 of shape {tuple(q.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}"
+    o_ref, lse_ref = oracle(q, k, v, causal, scale, kv_lens)
+    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
+                 rtol=tol, atol=tol, convention=convention)
+    assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
+                 rtol=tol, atol=tol, convention=convention or "lse is the natural log: m + log(l)")
+    for t, t0, label in zip((q, k, v), before, "qkv"):
+        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """New float buffers start as NaN, so an output element the kernel never writes shows up."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def shape_id(s):
+    return "b{}-h{}-nq{}-nk{}-d{}".format(*s)
+
+
+# (B, H, n_q, n_k, D); the interpreter runs 32-row query blocks and 16-key tiles
+SHAPES = [(1, 1, 1, 1, 16), (1, 2, 5, 7, 16), (2, 1, 33, 33, 16), (1, 1, 17, 70, 32), (1, 1, 70, 17, 16)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_ragged_shapes_match_oracle(ex, rng, shape):
+    """Tiles past the end read or weighted, a missing rescale of acc and l, a wrong tile bound."""
+    B, H, n_q, n_k, D = shape
+    check(ex, randn(rng, B, H, n_q, D), randn(rng, B, H, n_k, D), randn(rng, B, H, n_k, D),
+          convention="keys past n_k do not exist: mask the ragged last tile")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_causal_diagonal_is_top_left_aligned(ex, rng, shape):
+    """j < i instead of j <= i, bottom-right alignment when n_q != n_k, a diagonal tile run unmasked."""
+    B, H, n_q, n_k, D = shape
+    check(ex, randn(rng, B, H, n_q, D), randn(rng, B, H, n_k, D), randn(rng, B, H, n_k, D), causal=True,
+          convention=CAUSAL)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padding_keys_are_never_read(ex, rng, causal):
+    """kv_lens ignored, or padding keys loaded: their NaN leaks into o, or they get weight."""
+    B, n_k = 4, 40
+    q, k, v = randn(rng, B, 2, 37, 16), randn(rng, B, 2, n_k, 16), randn(rng, B, 2, n_k, 16)
+    kv_lens = torch.tensor([n_k, 1, 17, 33], device=DEVICE)
+    pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
+    k, v = k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan)  # padding holds NaN
+    check(ex, q, k, v, causal=causal, kv_lens=kv_lens, convention=PADDING)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_zero_kv_len_gives_zero_rows_and_minus_inf_lse(ex, rng, causal):
+    """Dividing by l = 0 on a fully masked row gives 0 / 0 = NaN; lse must be -inf."""
+    q, k, v = randn(rng, 3, 1, 20, 16), randn(rng, 3, 1, 9, 16), randn(rng, 3, 1, 9, 16)
+    check(ex, q, k, v, causal=causal, kv_lens=torch.tensor([0, 9, 0], device=DEVICE), convention=MASKED_ROW)
+
+
+@pytest.mark.parametrize("D", [8, 24, 40])
+def test_head_dim_not_a_power_of_two(ex, rng, D):
+    """Head dims padded wrongly, or the default scale taken from the padded width, not 1/sqrt(D)."""
+    check(ex, randn(rng, 1, 2, 19, D), randn(rng, 1, 2, 23, D), randn(rng, 1, 2, 23, D), causal=True,
+          convention="scale defaults to 1/sqrt(D) for the caller's D")
+
+
+@pytest.mark.parametrize("scale", [0.05, 2.0])
+def test_explicit_scale(ex, rng, scale):
+    """scale ignored or applied twice, or exp2 used without the log2(e) factor."""
+    check(ex, randn(rng, 1, 1, 21, 16), randn(rng, 1, 1, 35, 16), randn(rng, 1, 1, 35, 16), scale=scale,
+          convention="s = scale * q k^T; exp(x) = exp2(x * log2(e))")
+
+
+def test_large_scores_do_not_overflow(ex, rng):
+    """No max subtraction: exp2 of scores in the hundreds overflows to inf, and inf / inf = NaN."""
+    # Multiples of 1/8 below 256 are exact in tf32 too, so the large scores carry no rounding error.
+    q, k = ((randn(rng, 1, 2, n, 16) * 12 * 8).round().clamp(-2040, 2040) / 8 for n in (30, 45))
+    check(ex, q, k, randn(rng, 1, 2, 45, 16), causal=True, convention="subtract the running max before exp2")
+
+
+def test_matches_torch_sdpa(ex, rng):
+    """The same answer as torch's scaled_dot_product_attention, an oracle no exercise wrote."""
+    q, k, v = randn(rng, 2, 2, 26, 16), randn(rng, 2, 2, 50, 16), randn(rng, 2, 2, 50, 16)
+    o, _ = run(ex, q, k, v, causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, True)}: o vs torch SDPA",
+                 rtol=tol, atol=tol, convention=CAUSAL)
+
+
+def _qk(rng, n_q=5, n_k=7, D=16):
+    return randn(rng, 2, 1, n_q, D), randn(rng, 2, 1, n_k, D)
+
+
+BAD_INPUTS = {  # id: (build(rng) -> kwargs for flash_attention, words the ValueError must contain)
+    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
+    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
+    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
+    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
+                                       v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
+    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
+    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
+    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
+    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
+    "kv-lens-shape": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 7, 7], device=DEVICE)), "kv_lens"),
+    "kv-lens-float": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7.0, 7.0], device=DEVICE)), "kv_lens"),
+    "kv-lens-over-nk": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 8], device=DEVICE)), "kv_lens"),
+    "kv-lens-negative": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([-1, 3], device=DEVICE)), "kv_lens"),
+    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
+}
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
+    """The wrapper names the problem (shape, dtype, device, head dim, kv_lens, scale) before any launch."""
+    build, words = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=words):
+        ex.flash_attention(**build(*_qk(rng)))
+
+
+GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128), (1, 2, 300, 200, 40),
+              (1, 2, 513, 513, 256)]
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
+def test_gpu_compiled_matches_oracle(ex, rng, shape, dtype, causal):
+    """Compiled-only bugs: half-precision casts, tile bounds at real block sizes, head dims 40 to 256."""
+    B, H, n_q, n_k, D = shape
+    dt = DTYPES[dtype]
+    check(ex, randn(rng, B, H, n_q, D, dtype=dt), randn(rng, B, H, n_k, D, dtype=dt),
+          randn(rng, B, H, n_k, D, dtype=dt), causal=causal, convention=CAUSAL if causal else "")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_autotuned_4096_tokens(ex, rng, D, causal):
+    """The tuned configs (pipelined loads, 64 or 128 query rows) at the benchmark's sizes, bfloat16."""
+    q, k, v = (randn(rng, 1, 2048 // D, 4096, D, dtype=torch.bfloat16) for _ in range(3))
+    check(ex, q, k, v, causal=causal, convention=CAUSAL if causal else "")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_kv_lens(ex, rng, dtype, causal):
+    """Padding keys read or weighted at real sizes; zero-length batches give 0 and -inf."""
+    dt, n_k = DTYPES[dtype], 3000
+    q, k, v = randn(rng, 4, 2, 2500, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt)
+    kv_lens = torch.tensor([0, 1, 1500, n_k], device=DEVICE)
+    pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
+    check(ex, q, k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan), causal=causal, kv_lens=kv_lens,
+          convention=PADDING)
