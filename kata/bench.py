@@ -132,6 +132,11 @@ def report(rows: list[dict], names: list[str]) -> str:
     for title, key in (("median ms", "ms"), ("TFLOP/s", "tflops"), ("peak memory, MiB", "mib")):
         body = [keys(r) + [_cell(r[n], key) for n in names] for r in rows]
         out.append(f"\n{title}\n" + tabulate(body, head + names, stralign="right", disable_numparse=True))
+    # B*N is the same in every cell, so the totals above hide how memory grows with N; per sequence
+    # it shows: linear in N for a fused kernel, N^2 for naive attention's scores.
+    body = [keys(r) + [r[n].get("note") or f"{r[n]['mib'] / r['B']:.1f}" for n in names] for r in rows]
+    out.append("\npeak memory per sequence, MiB (peak / B): linear in N when fused, N^2 when naive\n"
+               + tabulate(body, head + names, stralign="right", disable_numparse=True))
     mine = [n for n in (YOURS, REFERENCE) if n in names]
     pairs = [(m, b) for m in mine for b in ("sdpa flash", "sdpa default")]
     body = [keys(r) + [r["default is"]] + [_fmt(_ratio([r], m, b)[0]) for m, b in pairs] for r in rows]

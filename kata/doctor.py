@@ -9,37 +9,10 @@ import subprocess
 import sys
 from importlib import metadata
 
+from kata.exercises import ROOT
+
 PACKAGES = ["numpy", "torch", "triton", "pytest", "pytest-timeout", "tabulate"]
 KERNEL_TIMEOUT = 180  # seconds: importing torch and Triton and compiling one kernel
-
-# Run in a subprocess: a broken Triton may hang or crash, and torch costs seconds to import.
-KERNEL_PROBE = r"""
-import json, os, sys
-out = {"cuda": False, "device": None, "mode": None, "ok": False, "error": None}
-try:
-    import torch
-    out["cuda"] = torch.cuda.is_available()
-    out["device"] = torch.cuda.get_device_name(0) if out["cuda"] else None
-    if not out["cuda"]:
-        os.environ["TRITON_INTERPRET"] = "1"  # set before Triton is imported
-    out["mode"] = "compiled on the GPU" if out["cuda"] else "interpreter (TRITON_INTERPRET=1)"
-    import triton, triton.language as tl
-
-    @triton.jit
-    def add_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
-
-    x = torch.arange(10, dtype=torch.float32, device="cuda" if out["cuda"] else "cpu")
-    y = torch.empty_like(x)
-    add_one[(1,)](x, y, 10, BLOCK=16)
-    out["ok"] = bool(torch.equal(y, x + 1))
-    out["error"] = None if out["ok"] else f"wrong result {y.tolist()}"
-except BaseException as error:
-    out["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
-print("KATA-PROBE " + json.dumps(out))
-"""
-
 
 def version(package: str) -> str | None:
     try:
@@ -74,8 +47,8 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool) -> 
 def probe_kernel() -> dict:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     try:
-        done = subprocess.run([sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True,
-                              timeout=KERNEL_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+        done = subprocess.run([sys.executable, "-m", "kata.triton_probe"], capture_output=True, text=True,
+                              timeout=KERNEL_TIMEOUT, env=env, stdin=subprocess.DEVNULL, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"ok": False, "cuda": False, "error": f"no answer after {KERNEL_TIMEOUT} s"}
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("KATA-PROBE ")), None)

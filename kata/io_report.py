@@ -12,15 +12,17 @@ HEADS, BATCH, N_GPT2 = 16, 64, 1024  # GPT-2 medium as benchmarked in the paper'
 BYTES_FP16 = 2
 GB = 1e9
 
-PAPER = ("The paper measures 40.3 GB (standard) vs 4.4 GB (FlashAttention) of HBM reads and writes, 9.2x,\n"
-         "for the same model on an A100, forward AND backward (Dao et al. 2022, section 3.2, Figure 2 left).")
+PAPER = """\
+The paper measured 40.3 GB (standard) vs 4.4 GB (FlashAttention) of HBM reads
+and writes, 9.2x, for this model on an A100, forward AND backward (Dao et al.
+2022, section 3.2, Figure 2 left)."""
 SCOPE = """\
-What this model counts: the forward pass of one head, as elements moved between HBM and SRAM:
-  Q, K, V, O and L, plus S and P for standard attention, each read or write counted once.
-What it leaves out: the backward pass (standard attention reads S and P again there and writes
-  dS and dP; FlashAttention recomputes S and P from Q, K, V and L), separate kernels for
-  masking, scaling and dropout that a standard implementation runs as extra passes over S,
-  wider dtypes for softmax, and caches (an L2 hit is still counted as HBM traffic)."""
+What this model counts: the forward pass of one head, as elements moved between
+  HBM and SRAM: Q, K, V, O and L, plus S and P for standard attention.
+What it leaves out: the backward pass (standard attention reads S and P again
+  and writes dS and dP; FlashAttention recomputes S and P from Q, K, V and L),
+  extra passes over S for masking, scaling and dropout, wider softmax dtypes,
+  and caches (an L2 hit still counts as HBM traffic)."""
 
 
 def _io(module: ModuleType, name: str, n: int, causal: bool = False) -> tuple[int, int]:
@@ -44,17 +46,16 @@ def table(module: ModuleType) -> str:
     except Exception as error:  # the learner's code: any failure means no table, not a crash
         return (f"IO table skipped: your closed forms raised {type(error).__name__}: {error}\n"
                 f"(the table is computed with standard_attention_io and flash_attention_io)")
-    headers = ["n", "standard reads", "standard writes", "flash reads", "flash writes", "standard / flash (total)"]
+    headers = ["n", "std reads", "std writes", "flash reads", "flash writes", "std/flash"]
     return "\n".join([
-        f"Elements moved by one attention head, forward, d = {D}, block_q = block_k = {BLOCK}",
-        "(your standard_attention_io and flash_attention_io, non-causal):",
+        f"Elements moved by one head, forward, d = {D}, block_q = block_k = {BLOCK}, non-causal",
+        "(from your standard_attention_io and flash_attention_io):",
         tabulate(rows, headers, intfmt=",", colalign=("right",) * len(headers)),
-        f"The ratio tends to 1 + 2·block_q/d = {1 + 2 * BLOCK / D:g}: FlashAttention re-reads K and V once per",
-        "query block, n²·2d/block_q elements, so its saving grows with the SRAM that holds a query block.",
+        f"The ratio tends to 1 + 2·block_q/d = {1 + 2 * BLOCK / D:g}: FlashAttention re-reads K and V once",
+        "per query block, n²·2d/block_q elements: more SRAM, larger blocks, less traffic.",
         "",
-        f"GPT-2 medium forward ({HEADS} heads, batch {BATCH}, n = {N_GPT2}, d = {D}, fp16 = {BYTES_FP16} bytes, "
-        f"GB = 10^9 bytes):",
-        f"  standard attention {_gb(std)}, FlashAttention {_gb(flash)}, {sum(std) / sum(flash):.1f}x "
+        f"GPT-2 medium forward ({HEADS} heads, batch {BATCH}, n = {N_GPT2}, d = {D}, fp16, GB = 1e9 B):",
+        f"  standard {_gb(std)}, FlashAttention {_gb(flash)}, {sum(std) / sum(flash):.1f}x "
         f"({_gb(causal)} causal, as GPT-2 is).",
         PAPER,
         "",

@@ -13,7 +13,7 @@ def test_table_uses_the_closed_forms_and_names_the_paper():
     # n = 16384, T_r = 128: standard reads 2·2^28 + 2^20 + 2·128·2^20.
     assert "806,354,944" in text
     # GPT-2 medium forward: elements x 2 bytes x 16 heads x batch 64.
-    assert "standard attention 11.0 GB, FlashAttention 2.4 GB, 4.6x (1.5 GB causal" in text
+    assert "standard 11.0 GB, FlashAttention 2.4 GB, 4.6x (1.5 GB causal" in text
     assert "40.3 GB" in text and "4.4 GB" in text and "forward AND backward" in text
     assert "block_q = block_k = 128" in text and "leaves out: the backward pass" in text
 
