@@ -37,7 +37,7 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool) -> 
     if triton is None and system != "Linux":
         problems.append(("note", "Triton runs on Linux only: exercise 06 is skipped here, 01-05 still work"))
     elif triton is None:
-        problems.append(("problem", 'Triton is missing: pip install "triton>=3.6"'))
+        problems.append(("problem", 'Triton is missing: pip install "triton>=3.7"'))
     elif _release(triton) == (3, 6) and _release(numpy) >= (2, 4) and not cuda:
         problems.append(("problem", 'Triton 3.6\'s interpreter fails with NumPy >= 2.4: pip install "numpy<2.4" '
                                     "(or upgrade Triton: pip install -U triton)"))

@@ -138,3 +138,18 @@ def test_the_report_matches_its_golden_file():
     if os.environ.get("KATA_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), f"the report changed; compare with {GOLDEN.name}"
+
+
+@pytest.mark.parametrize("versions, system, cuda, expected", [
+    ({"numpy": "2.4.1", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", False, "numpy<2.4"),
+    ({"numpy": "2.4.1", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", True, None),  # compiled: no interpreter
+    ({"numpy": "2.3.5", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", False, None),
+    ({"numpy": "2.4.1", "triton": None, "torch": "2.13.0"}, "Darwin", False, "01-05 still work"),
+    ({"numpy": "2.4.1", "triton": None, "torch": "2.13.0"}, "Linux", False, "Triton is missing"),
+    ({"numpy": None, "triton": "3.9.0", "torch": "2.13.0"}, "Linux", False, "NumPy is missing"),
+], ids=["interpreter-numpy-2.4", "compiled", "numpy-2.3", "macos", "linux-no-triton", "no-numpy"])
+def test_doctor_names_known_bad_combinations(versions, system, cuda, expected):
+    """A combination that breaks 06 named with its fix, and no false alarm on a working one."""
+    from kata.doctor import known_problems
+    texts = " | ".join(text for _, text in known_problems(versions, system, cuda))
+    assert (expected in texts) if expected else texts == ""
