@@ -21,7 +21,8 @@ In the paper
 
 Conventions
     - The pass runs over the last axis in chunks of block_size columns; the last chunk may be
-      shorter. Leading axes are independent rows. block_size < 1 is a ValueError.
+      shorter. Leading axes are independent rows. block_size < 1 is a ValueError whose message
+      names block_size.
     - A fully masked row (all -inf) has m = -inf, l = 0 and weights of all 0. Never NaN.
       A row whose first blocks are all -inf must still come out exact: while m is -inf there is
       no max to shift by yet, and -inf - (-inf) is NaN.
@@ -39,6 +40,8 @@ import numpy as np
 def online_softmax_stats(x: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Row max `m` and row sum `l = sum(exp(x - m))` of `x` (shape (..., n)) in one pass of blocks.
 
+    Work on x directly, block by block: no operation may look at more than block_size columns of
+    a row, and no block may be read before the one to its left (no x.max over the whole row first).
     Returns `(m, l)`, each of shape x.shape[:-1] and the dtype of `x`.
     """
     # TODO: check block_size, then walk the columns block by block, keeping m and l up to date.

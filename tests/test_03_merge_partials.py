@@ -6,30 +6,13 @@ import numpy as np
 import pytest
 
 from kata.checks import assert_close, assert_unmodified, describe
+from oracles import DTYPES, TOL, attention, case_id, random_qkv, with_offsets
 
 NO_KEY = "a row that attends no key (no keys, or all masked) gives o = 0 and lse = -inf, never NaN"
 EMPTY_SIDE = "(anything, -inf) is the merge's identity: a side with lse = -inf adds nothing, whatever its o"
 SPLIT = ("keys cut in num_splits contiguous chunks (empty ones when num_splits > n_k), then merged: "
          "equal to full attention")
-DTYPE = {np.float32: dict(rtol=5e-5, atol=2e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
-
-
-def oracle_attention(q, k, v, mask=None, scale=None):
-    """Dense attention in float64: lse by pairwise logaddexp, p = exp(s - lse), rows with no key explicit."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * (q @ k.T)
-    if mask is not None:
-        s = np.where(mask, s, -np.inf)
-    lse = np.logaddexp.reduce(s, axis=-1)  # -inf for a row with no live key (also when n_k = 0)
-    with np.errstate(invalid="ignore"):
-        p = np.exp(s - lse[:, None])
-    p[np.isneginf(lse)] = 0.0  # a row with no live key weighs nothing
-    return p @ v, lse
-
-
-def qkv(rng, n_q, n_k, d, d_v, dtype=np.float64):
-    return tuple(rng.standard_normal(shape).astype(dtype) for shape in ((n_q, d), (n_k, d), (n_k, d_v)))
+SCALE = "scores are scale * q . k; scale defaults to 1/sqrt(d) only when it is None (0.0 is a scale)"
 
 
 def check_call(ex, function, q, k, v, mask=None, scale=None, label="", convention="", **extra):
@@ -40,15 +23,15 @@ def check_call(ex, function, q, k, v, mask=None, scale=None, label="", conventio
     o, lse = getattr(ex, function)(q, k, v, **extra, mask=mask, scale=scale)
     shown = ", ".join([describe(n, a) for n, a in inputs.items()] + [f"{n}={a}" for n, a in extra.items()])
     call = f"{function}({shown}, scale={scale}, {label})"
-    o_exp, lse_exp = oracle_attention(q, k, v, mask, scale)
-    tol = DTYPE[q.dtype.type]
+    o_exp, lse_exp = attention(q, k, v, mask, scale)
+    tol = TOL[q.dtype.type]
     assert_close(o, o_exp, what=f"{call}: o", convention=convention, dtype=q.dtype, **tol)
     assert_close(lse, lse_exp, what=f"{call}: lse", convention=convention, dtype=q.dtype, **tol)
     for name, a in inputs.items():
         assert_unmodified(before[name], a, name)
 
 
-def check_merge(ex, a, b, expected, label, convention="", tol=DTYPE[np.float64]):
+def check_merge(ex, a, b, expected, label, convention="", tol=TOL[np.float64]):
     """merge_partials(*a, *b) against the (o, lse) expected over the union; the inputs are kept."""
     __tracebackhide__ = True
     before = [x.copy() for x in (*a, *b)]
@@ -63,19 +46,17 @@ def check_merge(ex, a, b, expected, label, convention="", tol=DTYPE[np.float64])
 
 
 def shape_id(s):
-    return "nq{}-nk{}-d{}-dv{}".format(*s)
+    return case_id(nq=s[0], nk=s[1], d=s[2], dv=s[3])
 
 
-def offset_keys(rng, n_q, offsets, d=4, d_v=3):
-    """q, k, v whose scores (scale 1) are offsets[j] plus a small random part: huge ranges on demand."""
-    q, k, v = qkv(rng, n_q, len(offsets), d, d_v)
-    q[:, 0] = 1.0
-    k[:, 0] = offsets
+def offset_keys(rng, offsets, row_offsets=(0.0, 0.0, 0.0)):
+    """q, k, v whose scores (scale 1) are row_offsets[i] + offsets[j] plus a small random part."""
+    q, k, v = random_qkv(rng, len(row_offsets), len(offsets), 4, 3)
+    q, k = with_offsets(q, k, row_offsets, offsets, 1.0)
     return q, k, v
 
 
 SHAPES = [(1, 1, 1, 1), (5, 7, 4, 3), (8, 3, 16, 5), (3, 12, 2, 6)]
-DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
 
 
 # attention_partial
@@ -85,28 +66,31 @@ DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_attention_partial_matches_oracle(ex, rng, shape, dtype):
     """o not normalised, lse without its max, scale not 1/sqrt(d), n_q/n_k or d/d_v mixed up, dtype changed."""
-    q, k, v = qkv(rng, *shape, dtype)
+    q, k, v = random_qkv(rng, *shape, dtype)
     check_call(ex, "attention_partial", q, k, v, label="random inputs")
 
 
-@pytest.mark.parametrize("scale", [None, 0.3], ids=["default", "scale0.3"])
+SCALES = pytest.mark.parametrize("scale", [None, 0.3, 0.0], ids=["default", "scale0.3", "scale0"])
+
+
+@SCALES
 def test_attention_partial_scale(ex, rng, scale):
-    """The default scale is 1/sqrt(d) (not 1/d); an explicit scale replaces it (and is applied once)."""
-    q, k, v = qkv(rng, 4, 6, 16, 3)
-    check_call(ex, "attention_partial", q, k, v, scale=scale, label="d = 16",
-               convention="scores are scale * q . k, scale defaulting to 1/sqrt(d)")
+    """The default scale is 1/sqrt(d) (not 1/d); an explicit scale replaces it (and is applied once).
+    scale=0.0 is a scale, not a missing one (`scale or default` drops it): every key weighs the same."""
+    q, k, v = random_qkv(rng, 4, 6, 16, 3)
+    check_call(ex, "attention_partial", q, k, v, scale=scale, label="d = 16", convention=SCALE)
 
 
 @DTYPES
 def test_attention_partial_no_keys(ex, rng, dtype):
     """n_k = 0: a max over no keys fails or is NaN, and 0 / 0 = NaN; the answer is o = 0, lse = -inf."""
-    q, k, v = qkv(rng, 4, 0, 3, 5, dtype)
+    q, k, v = random_qkv(rng, 4, 0, 3, 5, dtype)
     check_call(ex, "attention_partial", q, k, v, label="no keys", convention=NO_KEY)
 
 
 def test_attention_partial_mask(ex, rng):
     """Mask ignored or inverted; a row fully masked by the mask gives NaN instead of (0, -inf)."""
-    q, k, v = qkv(rng, 6, 9, 4, 5)
+    q, k, v = random_qkv(rng, 6, 9, 4, 5)
     mask = rng.random((6, 9)) < 0.5
     mask[:, 4] = True
     mask[1] = False
@@ -116,8 +100,25 @@ def test_attention_partial_mask(ex, rng):
 
 def test_attention_partial_huge_score_range(ex, rng):
     """Scores 1e4 apart in a row: exp without the max subtracted overflows to inf / inf = NaN."""
-    q, k, v = offset_keys(rng, 3, [0.0, 1e4, -1e4, 0.0, 1e4, 5.0])
+    q, k, v = offset_keys(rng, [0.0, 1e4, -1e4, 0.0, 1e4, 5.0])
     check_call(ex, "attention_partial", q, k, v, scale=1.0, label="scores from -1e4 to +1e4")
+
+
+@pytest.mark.parametrize("function, extra", [("attention_partial", {}), ("split_kv_attention", {"num_splits": 2})],
+                         ids=["partial", "split2"])
+def test_mask_hides_the_largest_scores(ex, rng, function, extra):
+    """The mask applied after exp (the max still taken over masked keys 1e4 above the live ones, so
+    every live weight underflows to 0), or a shift of 0 for any row with a masked key (exp(800) = inf).
+
+    Keys 0, 2 and 5 score 1e4 and are masked out; the live scores of row 0 lie near 800, of row 1
+    near -1e4, of row 2 near 0.
+    """
+    q, k, v = offset_keys(rng, [1e4, 0.0, 1e4, 3.0, -2.0, 1e4, 1.0], row_offsets=[800.0, -1e4, 0.0])
+    mask = np.ones((3, 7), bool)
+    mask[:, [0, 2, 5]] = False
+    check_call(ex, function, q, k, v, mask=mask, scale=1.0, label="masked keys score 1e4", **extra,
+               convention="masked scores are -inf before the max and the exp; only a row with no live "
+                          "key shifts by 0")
 
 
 # merge_partials
@@ -125,7 +126,7 @@ def test_attention_partial_huge_score_range(ex, rng):
 
 def disjoint_partials(q, k, v, key_sets, mask=None, dtype=np.float64, scale=None):
     """Oracle (o, lse) on each key set, in `dtype`: the merge is tested apart from attention_partial."""
-    parts = [oracle_attention(q, k[keys], v[keys], None if mask is None else mask[:, keys], scale)
+    parts = [attention(q, k[keys], v[keys], None if mask is None else mask[:, keys], scale)
              for keys in key_sets]
     return [(o.astype(dtype), lse.astype(dtype)) for o, lse in parts]
 
@@ -136,28 +137,28 @@ def test_merge_of_disjoint_partials_equals_full(ex, rng, dtype):
 
     Row 0 attends nothing of side A, row 1 nothing of side B, row 2 nothing at all.
     """
-    q, k, v = qkv(rng, 6, 10, 4, 3)
+    q, k, v = random_qkv(rng, 6, 10, 4, 3)
     side_a, side_b = np.split(rng.permutation(10), [4])
     mask = rng.random((6, 10)) < 0.7
     mask[0, side_a], mask[1, side_b], mask[2] = False, False, False
     mask[3:, side_a[0]] = mask[3:, side_b[0]] = True
     a, b = disjoint_partials(q, k, v, [side_a, side_b], mask, dtype)
-    check_merge(ex, a, b, oracle_attention(q, k, v, mask), "row 0 empty on side a, row 1 on b, row 2 on both",
-                "lse = logaddexp(lse_a, lse_b), o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b", DTYPE[dtype])
+    check_merge(ex, a, b, attention(q, k, v, mask), "row 0 empty on side a, row 1 on b, row 2 on both",
+                "lse = logaddexp(lse_a, lse_b), o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b", TOL[dtype])
 
 
 @pytest.mark.parametrize("gap", [1e4, -1e4], ids=["b_above", "b_below"])
 def test_merge_huge_lse_gap(ex, rng, gap):
     """Weights as exp(lse_a) / (exp(lse_a) + exp(lse_b)): exp(1e4) = inf and inf / inf = NaN."""
-    q, k, v = offset_keys(rng, 3, [0.0] * 4 + [gap] * 3)
+    q, k, v = offset_keys(rng, [0.0] * 4 + [gap] * 3)
     a, b = disjoint_partials(q, k, v, [np.arange(4), np.arange(4, 7)], scale=1.0)
-    check_merge(ex, a, b, oracle_attention(q, k, v, scale=1.0), "lse_b - lse_a about 1e4" if gap > 0
+    check_merge(ex, a, b, attention(q, k, v, scale=1.0), "lse_b - lse_a about 1e4" if gap > 0
                 else "lse_a - lse_b about 1e4", "the weights exp(lse_side - lse) are at most 1: no overflow")
 
 
 def test_merge_empty_side_is_identity_whatever_its_o(ex, rng):
     """Merging by multiplication: weight 0 times an o of NaN is NaN. A -inf side must add exactly nothing."""
-    q, k, v = qkv(rng, 5, 6, 4, 3)
+    q, k, v = random_qkv(rng, 5, 6, 4, 3)
     mask = np.ones((5, 6), bool)
     mask[2] = False  # row 2 is empty on the live side too: the result there is (0, -inf)
     live = disjoint_partials(q, k, v, [np.arange(6)], mask)[0]
@@ -173,32 +174,32 @@ def test_merge_two_empty_sides_give_zero_and_minus_inf(ex, rng, dtype):
     empty_b = (np.zeros((4, 3), dtype), np.full(4, -np.inf, dtype))
     expected = (np.zeros((4, 3)), np.full(4, -np.inf))
     check_merge(ex, empty_a, empty_b, expected, "lse_a = lse_b = -inf, o_a random, o_b zeros",
-                "two -inf sides give (0, -inf), never NaN", DTYPE[dtype])
+                "two -inf sides give (0, -inf), never NaN", TOL[dtype])
 
 
 def test_merge_is_commutative(ex, rng):
     """A merge that favours one side (its lse, or its o unweighted) gives different answers in each order."""
-    q, k, v = qkv(rng, 5, 8, 4, 3)
+    q, k, v = random_qkv(rng, 5, 8, 4, 3)
     mask = rng.random((5, 8)) < 0.6
     mask[0, :3] = False  # row 0: side a empty
     mask[1, 3:] = False  # row 1: side b empty
     a, b = disjoint_partials(q, k, v, [np.arange(3), np.arange(3, 8)], mask)
     ab = ex.merge_partials(*a, *b)
     check_merge(ex, b, a, ab, "merge(b, a) against merge(a, b)", "the merge is commutative")
-    check_merge(ex, a, b, oracle_attention(q, k, v, mask), "merge(a, b) against the union",
+    check_merge(ex, a, b, attention(q, k, v, mask), "merge(a, b) against the union",
                 "rows 0 and 1 are empty on one side")
 
 
 def test_merge_is_associative(ex, rng):
     """Merged results must be reusable as partials: ((a, b), c) = (a, (b, c)) = attention over a, b, c."""
-    q, k, v = qkv(rng, 5, 9, 4, 3)
+    q, k, v = random_qkv(rng, 5, 9, 4, 3)
     mask = rng.random((5, 9)) < 0.6
     mask[0, 3:6] = False  # row 0: side b empty
     mask[1, :6] = False  # row 1: only side c is live
     a, b, c = disjoint_partials(q, k, v, np.split(rng.permutation(9), [3, 6]), mask)
     left = ex.merge_partials(*ex.merge_partials(*a, *b), *c)
     right = ex.merge_partials(*a, *ex.merge_partials(*b, *c))
-    full = oracle_attention(q, k, v, mask)
+    full = attention(q, k, v, mask)
     for order, (o, lse) in [("merge(merge(a, b), c)", left), ("merge(a, merge(b, c))", right)]:
         what = f"merge_partials on key sets a, b, c of 3 ({describe('o_a', a[0])}), {order}"
         assert_close(o, full[0], what=f"{what}: o", convention="the merge is associative", rtol=1e-10)
@@ -213,7 +214,7 @@ def test_merge_is_associative(ex, rng):
 @pytest.mark.parametrize("shape", [(5, 7, 4, 3), (2, 7, 3, 6)], ids=shape_id)
 def test_split_kv_equals_full_attention(ex, rng, shape, num_splits, dtype):
     """One split, ragged chunks, one key per chunk, more splits than keys (empty chunks must not spoil it)."""
-    q, k, v = qkv(rng, *shape, dtype)
+    q, k, v = random_qkv(rng, *shape, dtype)
     check_call(ex, "split_kv_attention", q, k, v, num_splits=num_splits, label="random inputs",
                convention=SPLIT)
 
@@ -221,7 +222,7 @@ def test_split_kv_equals_full_attention(ex, rng, shape, num_splits, dtype):
 @pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
 def test_split_kv_no_keys(ex, rng, num_splits):
     """n_k = 0: every chunk is empty; the result is o = 0, lse = -inf, shapes (n_q, d_v) and (n_q,)."""
-    q, k, v = qkv(rng, 4, 0, 3, 5)
+    q, k, v = random_qkv(rng, 4, 0, 3, 5)
     check_call(ex, "split_kv_attention", q, k, v, num_splits=num_splits, label="no keys", convention=NO_KEY)
 
 
@@ -231,7 +232,7 @@ def test_split_kv_mask_with_masked_first_chunks(ex, rng, num_splits):
 
     Row 0 fully masked; row 1 sees only keys 6-9; row 2 only key 9.
     """
-    q, k, v = qkv(rng, 5, 10, 4, 3)
+    q, k, v = random_qkv(rng, 5, 10, 4, 3)
     mask = rng.random((5, 10)) < 0.6
     mask[3:, 0] = True
     mask[0] = False
@@ -246,14 +247,14 @@ def test_split_kv_mask_with_masked_first_chunks(ex, rng, num_splits):
 def test_split_kv_chunk_maxima_1e4_apart(ex, rng, order):
     """A later chunk whose scores are 1e4 above the first (and the reverse): unshifted weights overflow."""
     offsets = [0.0] * 4 + [1e4] * 5 if order == "later_above" else [1e4] * 4 + [0.0] * 5
-    q, k, v = offset_keys(rng, 3, offsets)
+    q, k, v = offset_keys(rng, offsets)
     check_call(ex, "split_kv_attention", q, k, v, num_splits=3, scale=1.0,
                label=f"chunks of 3 keys, {order} by 1e4", convention=SPLIT)
 
 
-@pytest.mark.parametrize("scale", [None, 0.3], ids=["default", "scale0.3"])
+@SCALES
 def test_split_kv_scale(ex, rng, scale):
-    """The scale not passed to the chunks, or defaulting to 1/d: d = 16 tells 1/4 from 1/16."""
-    q, k, v = qkv(rng, 3, 8, 16, 2)
-    check_call(ex, "split_kv_attention", q, k, v, num_splits=3, scale=scale, label="d = 16",
-               convention="scores are scale * q . k, scale defaulting to 1/sqrt(d)")
+    """The scale not passed to the chunks, or defaulting to 1/d: d = 16 tells 1/4 from 1/16; and
+    scale=0.0 replaced by the default."""
+    q, k, v = random_qkv(rng, 3, 8, 16, 2)
+    check_call(ex, "split_kv_attention", q, k, v, num_splits=3, scale=scale, label="d = 16", convention=SCALE)

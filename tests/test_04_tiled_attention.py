@@ -4,12 +4,12 @@ a dense float64 oracle.
 Each test's name says the bug it catches; mutants/04_tiled_attention.toml holds those bugs.
 Keys and values that no scheduled tile covers hold NaN in every attention test: reading them is a bug.
 """
-import math
 
 import numpy as np
 import pytest
 
 from kata.checks import assert_close, assert_unmodified, describe
+from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, watch, with_offsets
 
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
 FIRST_TILES = "a row whose first tiles are fully masked keeps m = -inf (shift by 0) and stays exact"
@@ -17,36 +17,19 @@ RESCALE = "when m grows, l and acc are both multiplied by exp(m_old - m_new)"
 LISTED = "a tile is listed iff at least one (query, key) pair in it may attend"
 NEEDS_MASK = "needs_mask is True iff at least one pair in the tile may not attend"
 CAUSAL = "causal is top-left aligned: query i may attend key j iff j <= i"
-DTYPE = {np.float32: dict(rtol=2e-5, atol=1e-6), np.float64: dict(rtol=1e-10, atol=1e-12)}
+TILE_READS = ("each scheduled tile reads its keys and values once, as one slice of at most block_k rows, "
+              "in the schedule's order; tiles not scheduled are never read")
+SCALE = "scores are scale · q kᵀ; scale defaults to 1/sqrt(d) only when it is None (0.0 is a scale)"
 
 
-# ---- oracles: from the definitions, pair by pair, in float64 -------------------------------------
-
-def dense_allowed(n_q, n_k, causal=False, mask=None):
-    """True where query i may attend key j: the explicit mask AND (if causal) j <= i."""
-    allowed = np.ones((n_q, n_k), bool) if mask is None else np.array(mask, bool)
-    if causal:
-        allowed &= np.tri(n_q, n_k, dtype=bool)  # ones where j <= i
-    return allowed
-
+# ---- oracle: the schedule from the dense mask, pair by pair (attention: tests/oracles.py) ---------
 
 def oracle_schedule(n_q, n_k, block_q, block_k, causal=False, mask=None):
     """Every tile of the dense mask, kept iff some pair may attend, flagged iff some pair may not."""
-    allowed = dense_allowed(n_q, n_k, causal, mask)
+    allowed = allowed_pairs(n_q, n_k, causal, mask)
     tiles = [(i, j, allowed[r:r + block_q, c:c + block_k])
              for i, r in enumerate(range(0, n_q, block_q)) for j, c in enumerate(range(0, n_k, block_k))]
     return [(i, j, not pairs.all()) for i, j, pairs in tiles if pairs.any()]
-
-
-def oracle_attention(q, k, v, allowed, scale):
-    """Dense attention in float64: lse by pairwise logaddexp, no running max anywhere."""
-    s = scale * (q.astype(np.float64) @ k.astype(np.float64).T)
-    s[~allowed] = -np.inf
-    lse = np.logaddexp.reduce(s, axis=1)
-    live = ~np.isneginf(lse)
-    p = np.zeros_like(s)
-    p[live] = np.exp(s[live] - lse[live, None])
-    return p @ v.astype(np.float64), lse
 
 
 # ---- checks -------------------------------------------------------------------------------------
@@ -111,8 +94,7 @@ def check_attention(ex, q, k, v, block_q, block_k, causal=False, mask=None, scal
     """Run tiled_attention with the unread keys poisoned and compare with the dense oracle."""
     __tracebackhide__ = True
     n_q, n_k = q.shape[0], k.shape[0]
-    allowed = dense_allowed(n_q, n_k, causal, mask)
-    o_exp, lse_exp = oracle_attention(q, k, v, allowed, 1 / math.sqrt(q.shape[1]) if scale is None else scale)
+    o_exp, lse_exp = attention(q, k, v, allowed_pairs(n_q, n_k, causal, mask), scale)
     k, v, dead = poison_unscheduled(k, v, oracle_schedule(n_q, n_k, block_q, block_k, causal, mask), block_k)
     inputs = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
     before = {name: a.copy() for name, a in inputs.items()}
@@ -123,19 +105,15 @@ def check_attention(ex, q, k, v, block_q, block_k, causal=False, mask=None, scal
              f"keys {dead.tolist()} are in no scheduled tile and hold NaN" if dead.size else ""]
     what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, "
             f"block_q={block_q}, block_k={block_k}, {', '.join(filter(None, notes))})")
-    tol = DTYPE[q.dtype.type]
+    tol = TOL[q.dtype.type]
     assert_close(o, o_exp, what=what + " -> o", convention=convention, dtype=q.dtype, **tol)
     assert_close(lse, lse_exp, what=what + " -> lse", convention=convention, dtype=q.dtype, **tol)
     for name, a in inputs.items():
         assert_unmodified(before[name], a, name)
 
 
-def random_qkv(rng, n_q, n_k, d=8, d_v=5, dtype=np.float64):
-    return tuple(rng.standard_normal(shape).astype(dtype) for shape in [(n_q, d), (n_k, d), (n_k, d_v)])
-
-
 def shape_id(n_q, n_k, block_q, block_k, causal=False):
-    return f"nq{n_q}-nk{n_k}-bq{block_q}-bk{block_k}" + ("-causal" if causal else "")
+    return case_id(causal, nq=n_q, nk=n_k, bq=block_q, bk=block_k)
 
 
 # ---- tile_schedule ------------------------------------------------------------------------------
@@ -206,20 +184,20 @@ ATTENTION_SHAPES = [(8, 8, 4, 4), (7, 5, 3, 2), (5, 13, 2, 4), (12, 6, 5, 3), (1
                     (6, 10, 2, 3)]
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@DTYPES
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: shape_id(*s))
 def test_matches_oracle(ex, rng, shape, causal, dtype):
     """Rescaling of l or acc forgotten, normalising inside the loop, ragged tiles dropped, skipped
     tiles read (their keys hold NaN), dtype changed, inputs modified."""
     n_q, n_k = shape[:2]
-    q, k, v = random_qkv(rng, n_q, n_k, dtype=dtype)
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5, dtype)
     check_attention(ex, 2 * q, k, v, *shape[2:], causal=causal, convention=RESCALE)
 
 
 def test_keys_past_the_last_query_are_never_read(ex, rng):
     """Causal with n_k > n_q: keys 6-9 are in no scheduled tile; computing every tile reads their NaN."""
-    q, k, v = random_qkv(rng, 4, 10)
+    q, k, v = random_qkv(rng, 4, 10, 8, 5)
     check_attention(ex, q, k, v, 2, 3, causal=True, convention="tiles not scheduled are never read")
 
 
@@ -228,16 +206,16 @@ def test_keys_past_the_last_query_are_never_read(ex, rng):
 def test_explicit_mask(ex, rng, shape, causal):
     """The mask ignored, applied to the wrong tile, or a masked score given a finite value."""
     n_q, n_k, block_q, block_k = shape
-    q, k, v = random_qkv(rng, n_q, n_k)
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
     mask = rng.random((n_q, n_k)) < 0.5
     mask[:, block_k:2 * block_k] = False  # key block 1 is never scheduled: its keys hold NaN
     check_attention(ex, q, k, v, block_q, block_k, causal=causal, mask=mask)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@DTYPES
 def test_fully_masked_rows_give_zero_and_minus_inf(ex, rng, dtype):
     """-inf - (-inf) = NaN on a masked row, 0 / 0 at the end, or a masked query block left unset."""
-    q, k, v = random_qkv(rng, 10, 7, dtype=dtype)
+    q, k, v = random_qkv(rng, 10, 7, 8, 5, dtype)
     mask = rng.random((10, 7)) < 0.6
     mask[[1, 2, 8]] = False  # rows in blocks that also hold live rows
     mask[4:8] = False  # query block 1: no tile at all
@@ -250,7 +228,7 @@ def test_rows_whose_first_tiles_are_masked(ex, rng, causal):
     """The first tile's max taken as -inf - (-inf) = NaN, or m started at 0 instead of -inf: rows
     that see only masked keys in their first tiles must come out exact."""
     n_q, n_k, block_q, block_k = 12, 9, 4, 3
-    q, k, v = random_qkv(rng, n_q, n_k)
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
     mask = np.ones((n_q, n_k), bool)
     mask[4:6, :3] = False  # rows 4-5 see nothing in key block 0 (rows 6-7 do): a partly masked tile
     mask[8:12, :6] = False  # query block 2: its first two tiles are not scheduled at all
@@ -259,29 +237,88 @@ def test_rows_whose_first_tiles_are_masked(ex, rng, causal):
                     label="rows 4-5 masked on keys 0-2, rows 8-11 on keys 0-5", convention=FIRST_TILES)
 
 
-def with_offsets(q, k, row_offset, key_offset, scale):
-    """Append two columns so that score s_ij gains row_offset_i + key_offset_j exactly (for this scale)."""
-    n_q, n_k = len(q), len(k)
-    q = np.hstack([q, row_offset[:, None] / scale, np.ones((n_q, 1))])
-    k = np.hstack([k, np.ones((n_k, 1)), key_offset[:, None] / scale])
-    return q, k
-
-
+@pytest.mark.parametrize("masked", [False, True], ids=["no_mask", "mask"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_huge_score_ranges(ex, rng, causal):
+def test_huge_score_ranges(ex, rng, causal, masked):
     """Scores 1e4 apart: no rescaling when m grows (alpha = exp(-1e4) = 0 must wipe the old sums),
-    m started at 0 (rows near -1e4 underflow to 0 / 0), or exp without the max shift."""
+    m started at 0 (rows near -1e4 underflow to 0 / 0), or exp without the max shift; with a random
+    mask too, so a max clamped at 0 (or a shift of 0) on masked tiles shows."""
     n_q, n_k, scale = 9, 10, 0.5
-    q, k, v = random_qkv(rng, n_q, n_k)
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
     row_offset = np.array([0, -1e4, 1e4, -5e4, 0, 3e4, -1e4, 0, 1e4])  # row 3 lies far below 0
     key_offset = np.array([-1e4, 0, 1e4, -2e4, 2e4, 0, 3e4, -1e4, 1e4, 0])  # m jumps from tile to tile
     q, k = with_offsets(q, k, row_offset, key_offset, scale)
-    check_attention(ex, q, k, v, 3, 2, causal=causal, scale=scale, label="scores 1e4 apart", convention=RESCALE)
+    mask = None
+    if masked:
+        mask = rng.random((n_q, n_k)) < 0.6
+        mask[:, 0] = True  # every row keeps a live key in its first tile
+    check_attention(ex, q, k, v, 3, 2, causal=causal, mask=mask, scale=scale, label="scores 1e4 apart",
+                    convention=RESCALE)
 
 
-@pytest.mark.parametrize("scale", [None, 0.1, 3.0], ids=["default", "0.1", "3.0"])
+@pytest.mark.parametrize("scale", [None, 0.1, 3.0, 0.0], ids=["default", "0.1", "3.0", "0.0"])
 def test_scale(ex, rng, scale):
-    """The scale ignored, applied twice, or defaulting to 1/d instead of 1/sqrt(d)."""
-    q, k, v = random_qkv(rng, 7, 9, d=16)
-    check_attention(ex, q, k, v, 3, 4, causal=True, scale=scale,
-                    convention="scores are scale · q kᵀ; scale defaults to 1/sqrt(d)")
+    """The scale ignored, applied twice, or defaulting to 1/d instead of 1/sqrt(d); scale=0.0 taken
+    for a missing scale (`scale or default`): with 0.0 every live key weighs the same."""
+    q, k, v = random_qkv(rng, 7, 9, 16, 5)
+    check_attention(ex, q, k, v, 3, 4, causal=True, scale=scale, convention=SCALE)
+
+
+def keys_text(rows):
+    """`keys 3-5` for a run of key rows, else the rows listed."""
+    rows = [int(r) for r in rows]
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return f"key {rows[0]}" if len(rows) == 1 else f"keys {rows[0]}-{rows[-1]}"
+    return f"keys {rows}"
+
+
+def check_tile_reads(log, width, schedule, n_q, n_k, block_q, block_k, what, name):
+    """Each logged read of k or v is the rows of one key block, and they follow the schedule's tiles."""
+    __tracebackhide__ = True
+    blocks = []
+    for index in log:
+        rows = np.unique(index.ravel() // width)
+        j = int(rows[0]) // block_k
+        if not np.array_equal(rows, np.arange(j * block_k, min((j + 1) * block_k, n_k))):
+            raise AssertionError(f"{what}: one operation read {keys_text(rows)} of {name}, not the rows of one "
+                                 f"key block (block_k = {block_k})\n  convention: {TILE_READS}")
+        blocks.append(j)
+    for t, tile in enumerate(schedule):
+        if t == len(blocks) or blocks[t] != tile[1]:
+            got = "nothing" if t == len(blocks) else f"key block {blocks[t]}"
+            raise AssertionError(f"{what}: read {t} of {name} covered {got}, but the schedule's tile {t} is "
+                                 f"{tile_text(tile, n_q, n_k, block_q, block_k)}\n  convention: {TILE_READS}")
+    if len(blocks) > len(schedule):
+        raise AssertionError(f"{what}: {name} was read {len(blocks)} times for {len(schedule)} scheduled tiles; "
+                             f"the reads past the last tile covered key blocks {blocks[len(schedule):]}\n"
+                             f"  convention: {TILE_READS}")
+
+
+READ_CASES = [(7, 9, 3, 2, True, False), (6, 10, 2, 3, False, False), (9, 10, 3, 4, False, True),
+              (10, 8, 4, 3, True, True)]
+
+
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", READ_CASES,
+                         ids=[shape_id(*c[:5]) + ("-mask" if c[5] else "") for c in READ_CASES])
+def test_reads_each_scheduled_tile_once(ex, rng, n_q, n_k, block_q, block_k, causal, masked):
+    """Keys and values of a tile not in the schedule read and then thrown away (the numbers come out
+    right), or attention computed densely per query block over all its keys at once, ignoring the
+    tile loop.
+
+    k and v arrive watched (tests/oracles.py, `watch`): every NumPy operation on them, a view
+    (k[start:stop], k[cols]) or a copy of them records the rows it read. Each read must be the rows
+    of one key block, and the blocks read must be the scheduled tiles' key blocks, in order.
+    """
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
+    mask = None
+    if masked:
+        mask = rng.random((n_q, n_k)) < 0.5
+        mask[:, block_k:2 * block_k] = False  # key block 1 is never scheduled
+        mask[block_q:2 * block_q] = False  # nor is any tile of query block 1
+    schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
+    k_seen, v_seen = watch(k), watch(v)
+    ex.tiled_attention(q, k_seen, v_seen, block_q, block_k, causal=causal, mask=mask)
+    what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block_q}, "
+            f"block_k={block_k}, causal={causal}{', mask' if masked else ''})")
+    for name, seen in (("k", k_seen), ("v", v_seen)):
+        check_tile_reads(seen.log, seen.shape[1], schedule, n_q, n_k, block_q, block_k, what, name)

@@ -10,19 +10,20 @@ import pytest
 
 from kata.checks import assert_close
 from kata.hbm import HBM, CapacityError
+from oracles import TOL, allowed_pairs, case_id, scores, weights
 
 FLASH_MOVES = ("FlashAttention reads Q once per query block, the K and V rows of each scheduled "
                "tile, writes O and L once, and never touches S or P")
 STANDARD_MOVES = ("kernel 1 reads each Q block once and all of K per query block, writing S; kernel 2 "
                   "reads S and writes P; kernel 3 reads P and all of V per query block, writing O")
 CAUSAL = "causal: query i attends key j iff j <= i"
-TOL = dict(rtol=1e-10, atol=1e-12)
+TILES = ("K and V are read a key block (at most block_k rows) at a time; kernel 2 of standard attention "
+         "reads S a query block of full rows (all n columns) at a time")
 
 SHAPES = [(1, 4, 1, 1), (4, 2, 2, 2), (5, 4, 8, 8), (7, 3, 2, 3), (8, 4, 4, 4), (13, 5, 4, 3),
           (16, 8, 4, 8), (23, 4, 8, 5), (32, 8, 8, 8), (37, 6, 8, 5), (48, 4, 16, 4), (50, 8, 7, 12),
           (64, 8, 16, 16)]  # (n, d, block_q, block_k)
-CASES = [pytest.param(*shape, causal, id=f"n{shape[0]}-d{shape[1]}-bq{shape[2]}-bk{shape[3]}"
-                      + ("-causal" if causal else ""))
+CASES = [pytest.param(*shape, causal, id=case_id(causal, n=shape[0], d=shape[1], bq=shape[2], bk=shape[3]))
          for shape in SHAPES for causal in (False, True)]
 
 
@@ -56,13 +57,10 @@ def totals(moves):
     return sum(r for r, _ in moves.values()), sum(w for _, w in moves.values())
 
 
-def oracle(q, k, v, causal, scale):
-    """S, P, O, L of dense attention in float64: lse by pairwise logaddexp, no max trick."""
-    s = scale * q @ k.T
-    masked = np.where(np.tril(np.ones(s.shape, bool)), s, -np.inf) if causal else s
-    lse = np.logaddexp.reduce(masked, axis=1)
-    p = np.exp(masked - lse[:, None])
-    return s, p, p @ v, lse
+def oracle(q, k, v, causal, scale=None):
+    """S, P, O, L of dense attention in float64 (tests/oracles.py: lse by pairwise logaddexp, no max trick)."""
+    p, lse = weights(q, k, allowed_pairs(len(q), len(k), causal), scale)
+    return scores(q, k, scale), p, p @ v, lse
 
 
 def call(name, n, d, block_q, block_k, causal, scale=None):
@@ -71,25 +69,36 @@ def call(name, n, d, block_q, block_k, causal, scale=None):
     return f"{name}(hbm with Q, K, V ({n}, {d}), block_q={block_q}, block_k={block_k}{extra})"
 
 
-def run(function, rng, n, d, block_q, block_k, causal, scale=None, q_scale=1.0):
-    """Run the learner's function in an HBM whose SRAM fits one query block and one key tile."""
+def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None):
+    """Run the learner's function in an HBM whose SRAM fits one query block and one key tile.
+
+    Q, K, V are `qkv` (default: standard normal). During the call hbm.array raises: it reads back
+    without counting, so an output computed from it would dodge every count.
+    """
     __tracebackhide__ = True
     if function.__name__ == "flash_attention":
         capacity = 2 * block_q * d + 2 * block_k * d + block_q  # Q and O rows, K and V tile, L rows
     else:
         capacity = 2 * block_q * n + block_q * d + block_k * d  # S rows and P rows, or a Q, K, S tile
     hbm = HBM(capacity)
-    q, k, v = rng.standard_normal((3, n, d))
-    q *= q_scale
+    q, k, v = rng.standard_normal((3, n, d)) if qkv is None else qkv
     for name, value in (("Q", q), ("K", k), ("V", v)):
         hbm.put(name, value)
     for name, shape in (("O", (n, d)), ("L", (n,)), ("S", (n, n)), ("P", (n, n))):
         hbm.put(name, np.full(shape, np.nan))  # poisoned: an element never written stays NaN
     what = call(function.__name__, n, d, block_q, block_k, causal, scale)
+
+    def uncounted(name):
+        raise AssertionError(f"{what} called hbm.array({name!r}), which reads back without counting: inside "
+                             f"the algorithm every value comes from hbm.read (counted)")
+
+    hbm.array = uncounted  # shadows the method for the call only
     try:
         function(hbm, block_q, block_k, causal=causal, scale=scale)
     except CapacityError as error:
         raise AssertionError(f"{what}: {error}") from None
+    finally:
+        del hbm.array
     return hbm, (q, k, v), what
 
 
@@ -122,7 +131,7 @@ def check_outputs(hbm, expected, what):
         if rows.size:
             raise AssertionError(f"{name} after {what}: rows {rows.tolist()} still hold NaN, the poison "
                                  f"{name} started with: never written with hbm.write, or computed as NaN")
-        assert_close(hbm.array(name), value, what=f"{name} after {what}", convention=convention, **TOL)
+        assert_close(hbm.array(name), value, what=f"{name} after {what}", convention=convention, **TOL[np.float64])
 
 
 def times_moved(hbm, op, name):
@@ -148,7 +157,7 @@ def check_once(hbm, op, name, what):
 def test_standard_outputs_are_exact(ex, rng, n, d, block_q, block_k, causal):
     """Mask applied in kernel 1 instead of 2, softmax over the wrong axis, P or O left NaN."""
     hbm, (q, k, v), what = run(ex.standard_attention, rng, n, d, block_q, block_k, causal)
-    s, p, o, _ = oracle(q, k, v, causal, 1 / np.sqrt(d))
+    s, p, o, _ = oracle(q, k, v, causal)
     rule = CAUSAL if causal else "P = softmax(S) over each row, O = PV"
     check_outputs(hbm, {"S": (s, "kernel 1 writes S = scale·QKᵀ unmasked; kernel 2 applies the mask"),
                         "P": (p, rule), "O": (o, rule)}, what)
@@ -175,7 +184,7 @@ def test_standard_moves_what_the_closed_form_says(ex, rng, n, d, block_q, block_
 def test_flash_outputs_are_exact(ex, rng, n, d, block_q, block_k, causal):
     """A wrong rescale of l or acc, a missing mask, O or L never written (left NaN), lse off by m."""
     hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal)
-    _, _, o, lse = oracle(q, k, v, causal, 1 / np.sqrt(d))
+    _, _, o, lse = oracle(q, k, v, causal)
     rule = CAUSAL if causal else "O = softmax(scale·QKᵀ)V, L = logsumexp of each row of scores"
     check_outputs(hbm, {"O": (o, rule), "L": (lse, rule)}, what)
 
@@ -200,23 +209,60 @@ def test_flash_moves_what_the_closed_form_says(ex, rng, n, d, block_q, block_k, 
                  (n, d, block_q, block_k), causal)
 
 
+ALGORITHMS = pytest.mark.parametrize("algorithm", ["standard_attention", "flash_attention"],
+                                     ids=["standard", "flash"])
+
+
+@ALGORITHMS
+@pytest.mark.parametrize("scale", [0.37, 0.0], ids=["scale0.37", "scale0"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_scale_argument_is_used(ex, rng, causal):
-    """An explicit scale ignored in favour of 1/sqrt(d), or applied twice."""
-    n, d, block_q, block_k, scale = 13, 5, 4, 3, 0.37
-    for name in ("standard_attention", "flash_attention"):
-        hbm, (q, k, v), what = run(getattr(ex, name), rng, n, d, block_q, block_k, causal, scale=scale)
-        _, _, o, _ = oracle(q, k, v, causal, scale)
-        check_outputs(hbm, {"O": (o, "scale multiplies QKᵀ; 1/sqrt(d) only when scale is None")}, what)
+def test_scale_argument_is_used(ex, rng, algorithm, scale, causal):
+    """An explicit scale ignored in favour of 1/sqrt(d), or applied twice; scale=0.0 taken for a
+    missing scale (`scale or default`): with 0.0 every key a query may attend weighs the same."""
+    n, d, block_q, block_k = 13, 5, 4, 3
+    hbm, (q, k, v), what = run(getattr(ex, algorithm), rng, n, d, block_q, block_k, causal, scale=scale)
+    _, _, o, _ = oracle(q, k, v, causal, scale)
+    check_outputs(hbm, {"O": (o, "scale multiplies QKᵀ; 1/sqrt(d) only when scale is None (0.0 is a scale)")},
+                  what)
 
 
 def test_flash_survives_huge_scores(ex, rng):
     """exp of unshifted scores overflows; a running max never used to rescale gives inf / inf."""
     n, d, block_q, block_k = 24, 4, 4, 6
-    hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, False, q_scale=300.0)
-    _, _, o, lse = oracle(q, k, v, False, 1 / np.sqrt(d))
+    q, k, v = rng.standard_normal((3, n, d))
+    hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, False, qkv=(300 * q, k, v))
+    _, _, o, lse = oracle(q, k, v, False)
     rule = "subtract the running max m before exp; rescale l and acc by exp(m_old - m_new)"
     check_outputs(hbm, {"O": (o, rule), "L": (lse, rule)}, what + " with scores in the thousands")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_all_scores_far_below_zero(ex, rng, causal):
+    """A running max started at 0 instead of -inf: every score lies below -1000, so exp(s - 0)
+    underflows to 0 and the row comes out 0 / 0 instead of exact."""
+    n, d, block_q, block_k = 13, 4, 4, 3
+    qkv = (np.full((n, d), -1000.0), np.abs(rng.standard_normal((n, d))) + 0.5, rng.standard_normal((n, d)))
+    hbm, (q, k, v), what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal, qkv=qkv)
+    _, _, o, lse = oracle(q, k, v, causal)
+    rule = "m starts at -inf: the first tile's max sets it, however far below 0 the scores lie"
+    check_outputs(hbm, {"O": (o, rule), "L": (lse, rule)}, what + " with every score below -1000")
+
+
+@ALGORITHMS
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_reads_are_tiles(ex, rng, algorithm, causal):
+    """All of K (or V) read at once per query block and sliced on chip, or kernel 2 reading S tile by
+    tile: the counts come out the same, but not the kernels the lesson describes."""
+    n, d, block_q, block_k = 23, 4, 8, 5
+    hbm, _, what = run(getattr(ex, algorithm), rng, n, d, block_q, block_k, causal)
+    for t in hbm.log:
+        rows, cols = t.rows[1] - t.rows[0], t.cols
+        wide_kv = t.name in "KV" and rows > block_k
+        partial_s = algorithm == "standard_attention" and t.name == "S" and t.op == "read" and cols != (0, n)
+        if wide_kv or partial_s:
+            raise AssertionError(f"{what}: read {t.name}[{t.rows[0]}:{t.rows[1]}, "
+                                 f"{'all columns' if cols is None else f'{cols[0]}:{cols[1]}'}]\n"
+                                 f"  convention: {TILES}")
 
 
 @pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
@@ -238,7 +284,7 @@ HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (re
 
 
 @pytest.mark.parametrize("n, d, block_q, block_k, causal, standard, flash", HAND,
-                         ids=[f"n{h[0]}-d{h[1]}-bq{h[2]}-bk{h[3]}" + ("-causal" if h[4] else "") for h in HAND])
+                         ids=[case_id(h[4], n=h[0], d=h[1], bq=h[2], bk=h[3]) for h in HAND])
 def test_closed_forms_on_numbers_worked_by_hand(ex, n, d, block_q, block_k, causal, standard, flash):
     """The closed forms on small cases whose every term was added up on paper."""
     for name, expected in (("standard_attention_io", standard), ("flash_attention_io", flash)):

@@ -37,8 +37,8 @@ def test_one_exercise_by_number_or_name(repo):
     """`01`, `1` and `safe_softmax` name the same exercise; its stubs are reported in one line each."""
     outs = [grader(repo, key) for key in ("01", "1", "safe_softmax")]
     assert all(o.returncode == 1 for o in outs)
-    assert outs[0].stdout.startswith("01 safe_softmax: not started, 0 of 20 tests pass")
-    assert "20 tests not started" in outs[0].stdout and "exercises/01_safe_softmax.py:" in outs[0].stdout
+    assert outs[0].stdout.startswith("01 safe_softmax: not started, 0 of 54 tests pass")
+    assert "54 tests not started" in outs[0].stdout and "exercises/01_safe_softmax.py:" in outs[0].stdout
     assert outs[1].stdout.splitlines()[0].startswith(outs[2].stdout.splitlines()[0][:40])
 
 
@@ -49,7 +49,7 @@ def test_targets_solutions_dir_and_env(repo, tmp_path):
     shutil.copy2(repo / "solutions" / "01_safe_softmax.py", tmp_path / "01_safe_softmax.py")
     assert grader(repo, "01", "--target", str(tmp_path)).returncode == 0
     done = grader(repo, "01", env={"KATA_TARGET": str(tmp_path)})
-    assert done.returncode == 0 and "passed, 20 of 20" in done.stdout
+    assert done.returncode == 0 and "passed, 54 of 54" in done.stdout
     assert snapshot(repo / "exercises") == before
 
 
@@ -57,7 +57,7 @@ def test_json_report(repo):
     done = grader(repo, "--json", "--solutions")
     data = json.loads(done.stdout)
     rows = {e["number"]: e for e in data["exercises"]}
-    assert rows["01"]["status"] == "passed" and rows["01"]["passed"] == rows["01"]["total"] == 20
+    assert rows["01"]["status"] == "passed" and rows["01"]["passed"] == rows["01"]["total"] == 54
     assert rows["02"]["status"] == "missing" and data["ok"] is False and done.returncode == 1
     assert set(rows["01"]) >= {"status", "passed", "total", "seconds", "first_failure"}
     stub = json.loads(grader(repo, "01", "--json").stdout)["exercises"][0]
