@@ -26,6 +26,8 @@ def test_a_learner_from_stubs_to_a_solution(tmp_path):
     assert hint2.stdout.startswith("Hint 2 of 4 for 01"), hint2.stdout
     locked = grader(root, "solution", "01")
     assert locked.returncode == 1 and "opens once" in locked.stdout and "BEGIN SOLUTION" not in locked.stdout
+    forced = grader(root, "solution", "01", "--force")
+    assert forced.returncode == 0 and "BEGIN SOLUTION" in forced.stdout and "warning" in forced.stderr
 
     solve_01(root)
     solved = grader(root)
