@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from kata.runner import DEFAULT_TIMEOUT
+from kata.runner import DEFAULT_TIMEOUT, GPU_FACTOR
 
 COMMANDS = ("hint", "reset", "solution", "doctor")
 
@@ -34,7 +34,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--solutions", action="store_true", help="test solutions/ instead of exercises/")
     p.add_argument("--target", metavar="DIR", help="test the exercise files in DIR (also $KATA_TARGET)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds per exercise (default {DEFAULT_TIMEOUT:.0f}; 06 gets 5 times as long)")
+                   help=f"seconds per exercise (default {DEFAULT_TIMEOUT:.0f}; 06 gets {GPU_FACTOR} times as long)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="exercises run at once (default 2)")
     p.add_argument("--json", action="store_true", help="machine-readable results")
     p.add_argument("--all", action="store_true", help="hint: every hint; reset: every exercise")
@@ -73,9 +73,10 @@ def refuse_mismatches(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """Words and flags that do not go together: exit 2 with the reason, rather than ignore some."""
     if args.timeout <= 0 or args.workers < 1:
         p.error("--timeout and --workers must be positive")
-    if args.show and (args.show[0].lstrip("0") != "4" or len(args.show) > 5
-                      or not all(n.isdigit() and int(n) > 0 for n in args.show[1:])):
+    if args.show and (args.show[0].lstrip("0") != "4" or len(args.show) > 5):
         p.error("--show draws exercise 04's tile schedule: --show 04 [n_q n_k block_q block_k]")
+    if args.show and (bad := [n for n in args.show[1:] if not (n.isdigit() and int(n) > 0)]):
+        p.error(f"--show 04 takes sizes as positive whole numbers, not {', '.join(map(repr, bad))}")
     command = args.words[0] if args.words and args.words[0] in COMMANDS else None
     if (args.watch or args.bench or args.show) and args.words:
         p.error("--watch, --bench and --show take no exercise or command")

@@ -31,8 +31,8 @@ Conventions
 Worked example (block_size = 2)
     x = [1, 3, 5]
     block [1, 3]: m = 3, l = exp(-2) + exp(0)              = 1.1353
-    block [5]:    m = 5, l = 1.1353 * exp(3 - 5) + exp(0)  = 1.1536
-    p = exp(x - 5) / 1.1536 = [0.0159, 0.1173, 0.8668]
+    block [5]:    m = 5, l = 1.1353 * exp(3 - 5) + exp(0)  = 1.1537
+    p = exp(x - 5) / 1.1537 = [0.0159, 0.1173, 0.8668]
 """
 import numpy as np
 

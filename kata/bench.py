@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from functools import partial
 from pathlib import Path
 
 from kata.exercises import SOLUTIONS_DIR, find, load
@@ -106,7 +107,7 @@ def run_cells(torch, args, table: dict) -> list[dict]:
         row = {"D": d, "causal": causal, "N": n, "B": B, "H": H,
                "default is": default_backend(torch, q, k, v, causal)}
         for name, fn in table.items():
-            row[name] = measure(torch, lambda: fn(q, k, v, causal), expected, flops)
+            row[name] = measure(torch, partial(fn, q, k, v, causal), expected, flops)
         rows.append(row)
         done = ", ".join(f"{name} {_cell(row[name], 'ms')}" for name in table)
         print(f"[{number}/{len(cells)}] D={d} {'causal' if causal else 'full'} N={n} B={B} H={H}: {done} ms",

@@ -38,19 +38,15 @@ def cap(text: str, lines: int = MAX_LINES, chars: int = MAX_CHARS) -> str:
 
 def mentions_not_implemented(exc: BaseException | None) -> bool:
     """True for a stub's NotImplementedError, also wrapped (e.g. Triton compiling a `raise`)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(e, NotImplementedError) or "NotImplementedError" in str(e) for e in _chain(exc))
 
 
 def message_of(exc: BaseException) -> str:
     """The test's own words: an assertion's message as is, any other error with its type."""
     if isinstance(exc, AssertionError) and str(exc):
-        return str(exc)
+        # pytest appends its own `assert a == b` explanation to the test's message: the message is enough.
+        message, _, explanation = str(exc).partition("\nassert ")
+        return message if message.strip() else f"assert {explanation}"
     if mentions_not_implemented(exc):
         first = str(exc).strip().splitlines()[:1] if isinstance(exc, NotImplementedError) else []
         return f"not started: {first[0] if first else 'a function still raises NotImplementedError'}"
@@ -58,17 +54,30 @@ def message_of(exc: BaseException) -> str:
         return f"the code called sys.exit({exc.code!r})"
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg}"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    inner = _chain(exc)[-1]  # the learner's own error, not the wrapper around it
+    text = str(inner)
+    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and the errors it wraps, outermost first (Triton's interpreter wraps the learner's)."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
 
 
 def learner_frames(exc: BaseException, target: Path | None) -> list[dict]:
-    """The traceback's frames in the target folder's files: where the learner's code went wrong."""
-    frames = [dict(path=f.filename, line=f.lineno, function=f.name, source=(f.line or "").strip())
-              for f in traceback.extract_tb(exc.__traceback__)]
-    if isinstance(exc, SyntaxError) and exc.filename:
-        frames.append(dict(path=exc.filename, line=exc.lineno or 0, function="<module>",
-                           source=(exc.text or "").strip()))
+    """The traceback's frames in the target folder's files, innermost last: where the learner's code
+    went wrong, also inside an error something else wrapped."""
+    frames = []
+    for error in _chain(exc):  # the outer error was raised where the call to the inner one began
+        frames += [dict(path=f.filename, line=f.lineno, function=f.name, source=(f.line or "").strip())
+                   for f in traceback.extract_tb(error.__traceback__)]
+        if isinstance(error, SyntaxError) and error.filename:
+            frames.append(dict(path=error.filename, line=error.lineno or 0, function="<module>",
+                               source=(error.text or "").strip()))
     if target is None:
         return frames[-1:]
     return [f for f in frames if Path(f["path"]).resolve().parent == target]
@@ -107,7 +116,8 @@ class Recorder:
         report = yield
         report.kata_given = item.get_closest_marker("given") is not None
         doc = (getattr(getattr(item, "obj", None), "__doc__", None) or "").strip()
-        report.kata_about = doc.splitlines()[0] if doc else ""  # a test's docstring names the bug it catches
+        # A test's docstring names the bug it catches: its first paragraph, as one line.
+        report.kata_about = " ".join(doc.split("\n\n")[0].split())
         report.kata_error = None
         if call.excinfo is not None and not report.skipped:
             exc = call.excinfo.value

@@ -11,6 +11,7 @@ from kata.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, Exercis
 WIDTH = 80  # the report fits a plain terminal
 BAR = 30  # characters in the progress bar
 DETAIL_TESTS = 5  # failing tests shown in full by `python grader.py NN`
+PRINTED_LINES = 8  # of what a failing test printed
 
 
 def table(results: list[ExerciseResult]) -> str:
@@ -64,6 +65,8 @@ def details(result: ExerciseResult) -> str:
     elif result.status == NOT_STARTED:
         lines += ["", f"{len(broken)} tests not started, the first:"] + _failure_lines(result.failure)
         broken = []
+    stubs = [t for t in broken if t.flag("not_implemented")]
+    broken = [t for t in broken if not t.flag("not_implemented")]  # a wrong function before an unwritten one
     for test in broken[:DETAIL_TESTS]:
         seed = test.error.get("seed") if test.error else None
         about = textwrap.wrap(f"catches: {test.about}", WIDTH - 2, initial_indent="  ",
@@ -71,6 +74,8 @@ def details(result: ExerciseResult) -> str:
         lines += ["", f"FAILED {test.name}"] + about + _failure_lines(Failure.of(test), seed=seed)
     if len(broken) > DETAIL_TESTS:
         lines += ["", f"... and {len(broken) - DETAIL_TESTS} more failing tests"]
+    if stubs and broken:
+        lines += ["", f"{len(stubs)} more tests not started: {Failure.of(stubs[0]).message}"]
     if not result.ok and result.status != MISSING:
         lines += ["", f"Stuck? python grader.py hint {ex.number}"]
     return "\n".join(lines)
@@ -103,7 +108,10 @@ def _failure_lines(failure: Failure, max_lines: int = 40, seed: int | None = Non
         if frame.get("source"):
             lines.append(_cut(f"      {frame['source']}"))
     if failure.stdout:
-        lines += ["  printed:"] + [f"    {_cut(line, WIDTH - 4)}" for line in failure.stdout.splitlines()[:8]]
+        printed = failure.stdout.splitlines()
+        lines += ["  printed:"] + [f"    {_cut(line, WIDTH - 4)}" for line in printed[:PRINTED_LINES]]
+        if len(printed) > PRINTED_LINES:
+            lines.append(f"    ... ({len(printed) - PRINTED_LINES} more lines)")
     if seed is not None:
         lines.append(f"  random inputs: rerun the same ones with KATA_SEED={seed}")
     return lines
@@ -118,7 +126,9 @@ def _failure_json(failure: Failure | None) -> dict | None:
 
 
 def _wrap(line: str, indent: str = "    ") -> list[str]:
-    return textwrap.wrap(line, WIDTH - 2, initial_indent=indent, subsequent_indent=indent + "  ",
+    """`line` wrapped to the width, continuation lines indented past the line's own indentation."""
+    own = indent + line[:len(line) - len(line.lstrip())]
+    return textwrap.wrap(line.strip(), WIDTH - 2, initial_indent=own, subsequent_indent=own + "  ",
                          break_on_hyphens=False) or [""]
 
 

@@ -76,7 +76,9 @@ def classify(exercise: Exercise, path: Path, events: list[dict], *, returncode: 
     if _cut_short(result, events, returncode, killed_after, output):
         return result
     skipped = [t for t in tests if t.outcome == "skipped"]
-    first = next((t for t in tests if t.broken), None)
+    # A real failure comes before a stub's: a wrong function matters more than one not yet written.
+    first = next((t for t in tests if t.broken and not t.flag("not_implemented")), None) \
+        or next((t for t in tests if t.broken), None)
     if skipped and not counted and first is None:
         return _with(result, SKIPPED, note=skipped[0].skip_reason or "skipped")
     note = f"{len(skipped)} skipped: {skipped[0].skip_reason}" if skipped else ""
@@ -107,7 +109,10 @@ def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | Non
         _with(result, CRASHED, Failure(running or "(before the first test)", f"the test process died (exit code "
                                        f"{returncode}){' while running this test' if running else ''}"))
     elif crash:
-        _with(result, CRASHED, Failure.of(crash))
+        failure = Failure.of(crash)
+        if crash.phase == "setup":  # the `ex` fixture imports the file: no test of it ran
+            failure.test = f"importing {display_path(result.path)}"
+        _with(result, CRASHED, failure)
     elif "collect_skip" in collect and not tests:  # the whole test file skipped, e.g. no Triton
         _with(result, SKIPPED, note=collect["collect_skip"]["reason"])
     elif finish["exitstatus"] in INTERRUPTED_EXITS or not tests:

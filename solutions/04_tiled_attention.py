@@ -25,8 +25,8 @@ Which tiles are worth computing
     A tile where no (query, key) pair may attend adds exp(-inf) = 0 to l and acc: skip it, and
     never read its K and V. Under the causal rule (key j <= query i) every tile above the
     diagonal is such a tile, and every tile wholly below it is fully allowed, so needs no mask.
-    Only tiles the diagonal crosses (or an explicit mask cuts) pay for the mask: with T blocks a
-    side and block_q == block_k > 1, T(T+1)/2 of the T² tiles are computed, only T of them masked.
+    Only tiles the diagonal crosses (or an explicit mask cuts) pay for the mask: with n = T·block
+    rows a side and block_q == block_k > 1, T(T+1)/2 of the T² tiles are computed, T of them masked.
 
 Conventions
     - mask (n_q, n_k) is True where a query may attend a key; causal is top-left aligned (also

@@ -61,7 +61,8 @@ def test_matches_oracle_for_every_block_size(ex, rng, function, shape, block_siz
     turned into a 2-D result.
     """
     x = (rng.standard_normal(shape) * 3).astype(dtype)
-    check(ex, function, x, block_size, "random scores")
+    check(ex, function, x, block_size, "random scores",
+          "the statistics run over the last axis: m is the row max, l = sum(exp(x - m)); p sums to 1")
 
 
 @FUNCTIONS

@@ -21,7 +21,7 @@ def repo(tmp_path_factory):
     (["99"], "no exercise '99'"), (["hint", "7"], "no exercise '7'"), (["reset"], "reset which exercise"),
     (["solution"], "needs one exercise"), (["01", "02"], "one exercise at a time"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"), (["--timeout", "soon"], "invalid float"),
-    (["--show", "04", "six"], "--show draws"), (["--show", "05"], "--show draws"),
+    (["--show", "04", "six"], "not 'six'"), (["--show", "05"], "--show draws"),
     (["--target", "no/such/folder"], "does not exist"), (["--watch", "03"], "take no exercise"),
     (["--json", "hint", "01"], "--json is for the report"), (["doctor", "03"], "doctor takes no exercise"),
     (["reset", "01", "--all"], "not both"),

@@ -28,7 +28,7 @@ def test_read_returns_a_copy_and_counts_its_elements(hbm):
     """A read counts rows x cols elements, per array and in total, and its result is the learner's own."""
     with hbm.on_chip():
         tile = hbm.read("K", slice(1, 3), range(0, 3))
-        whole = hbm.read("L", slice(None))
+        hbm.read("L", slice(None))
     np.testing.assert_array_equal(tile, [[4, 5, 6], [8, 9, 10]])
     tile[:] = -1
     assert hbm.array("K")[1, 0] == 4
