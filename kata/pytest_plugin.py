@@ -93,14 +93,8 @@ class Recorder:
         self.file.write(json.dumps(event) + "\n")
         self.file.flush()  # the process may die at any moment: os._exit, a kill on timeout
 
-    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session):
-        config = session.config
-        try:
-            from kata.exercises import resolve_target
-            self.target = resolve_target(config.getoption("solutions", False), config.getoption("target", None))
-        except (ImportError, FileNotFoundError, ValueError):
-            self.target = None
+        self.target = getattr(session.config, "kata_target", None)  # set by tests/conftest.py
 
     def pytest_collectreport(self, report):
         if report.failed:

@@ -20,15 +20,18 @@ def pytest_addoption(parser):
     group.addoption("--target", metavar="DIR", help="test the six exercise files in DIR")
 
 
-@pytest.fixture(scope="session")
-def kata_target(pytestconfig):
-    return resolve_target(pytestconfig.getoption("solutions"), pytestconfig.getoption("target"))
+def pytest_configure(config):
+    """Resolve the target folder once; the grader's plugin reads it from here too."""
+    try:
+        config.kata_target = resolve_target(config.getoption("solutions"), config.getoption("target"))
+    except FileNotFoundError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 @pytest.fixture(scope="module")
-def ex(request, kata_target):
+def ex(request):
     stem = request.path.stem.removeprefix("test_")
-    return load(find(stem), kata_target)
+    return load(find(stem), request.config.kata_target)
 
 
 @pytest.fixture

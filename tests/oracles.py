@@ -68,6 +68,14 @@ def random_qkv(rng, n_q, n_k, d, d_v, dtype=np.float64):
     return tuple(rng.standard_normal(shape).astype(dtype) for shape in [(n_q, d), (n_k, d), (n_k, d_v)])
 
 
+def scores_with_masked_keys(rng, rows, cols, offset, live_col):
+    """Scores near `offset`, about 40% of them -inf (masked keys); column `live_col` stays live."""
+    x = offset + rng.standard_normal((rows, cols))
+    x[rng.random((rows, cols)) < 0.4] = -np.inf
+    x[:, live_col] = offset + rng.standard_normal(rows)  # every row keeps a live score
+    return x
+
+
 def with_offsets(q, k, row_offset, key_offset, scale):
     """Append two columns so that score s_ij gains row_offset_i + key_offset_j exactly (for this scale)."""
     n_q, n_k = len(q), len(k)
