@@ -34,7 +34,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--solutions", action="store_true", help="test solutions/ instead of exercises/")
     p.add_argument("--target", metavar="DIR", help="test the exercise files in DIR (also $KATA_TARGET)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds per exercise (default {DEFAULT_TIMEOUT:.0f}; 06 gets {GPU_FACTOR} times as long)")
+                   help=f"seconds one exercise's tests may take in all (default {DEFAULT_TIMEOUT:.0f}; 06 gets "
+                        f"{GPU_FACTOR} times as long); one test may take half of it")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="exercises run at once (default 2)")
     p.add_argument("--json", action="store_true", help="machine-readable results")
     p.add_argument("--all", action="store_true", help="hint: every hint; reset: every exercise")

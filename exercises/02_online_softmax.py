@@ -17,7 +17,9 @@ The update (one row, one block b of columns)
 In the paper
     FlashAttention (Dao et al., 2022), section 3.1, for x = [x1 x2]:
     m(x) = max(m(x1), m(x2)),  l(x) = exp(m(x1) - m(x)) l(x1) + exp(m(x2) - m(x)) l(x2).
-    Algorithm 1, lines 10-11, apply exactly this to each block of keys.
+    Algorithm 1, lines 10-11, apply exactly this to each block of keys. The one-pass softmax
+    itself is older: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018,
+    arXiv 1805.02867).
 
 Conventions
     - The pass runs over the last axis in chunks of block_size columns; the last chunk may be

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from kata.exercises import SOLUTIONS_DIR, find, load
+from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
 NAIVE, REFERENCE, YOURS = "naive", "reference", "yours"
@@ -192,8 +193,13 @@ def main(target: Path, argv: list[str]) -> int:
         print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")
         return 2
     if not torch.cuda.is_available():
-        print("The benchmark needs a CUDA GPU, and none is visible here; nothing was measured.\n"
-              "Your kernel's correctness is still tested on the CPU: python grader.py 06")
+        why = gpu_skip_reason(torch)
+        print("The benchmark needs a CUDA GPU, and none is usable here; nothing was measured.\n"
+              + ("" if why == NO_GPU else why + "\n")
+              + "Your kernel's correctness is still tested on the CPU: python grader.py 06")
+        return 2
+    if why := bf16_missing(torch):
+        print(f"Every cell of the benchmark is bfloat16, so all are skipped: {why}. Nothing was measured.")
         return 2
     table = methods(torch, target)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "

@@ -28,11 +28,13 @@ def _fail(what: str, where: str, expected, got, convention: str) -> None:
 
 
 def assert_close(got, expected, *, what: str, rtol: float = 1e-6, atol: float = 1e-9,
-                 convention: str = "", dtype=None) -> None:
+                 convention: str = "", nan_convention: str = "", dtype=None) -> None:
     """Compare `got` with the float64 oracle `expected` elementwise; infinities must match exactly.
 
     `what` names the call and its inputs, e.g. "safe_softmax(x (3, 5) float64, row 0 fully masked)".
-    `dtype`, when given, is the dtype `got` must have (float32 in gives float32 out).
+    `convention` is the rule the check enforces; `nan_convention`, when given, replaces it where the
+    worst element is a NaN the oracle does not have (a NaN has its own causes: -inf - (-inf), 0 / 0,
+    a poisoned input read). `dtype`, when given, is the dtype `got` must have.
     """
     __tracebackhide__ = True
     expected = np.asarray(expected, dtype=np.float64)
@@ -57,12 +59,15 @@ def assert_close(got, expected, *, what: str, rtol: float = 1e-6, atol: float = 
     row = _row_of(worst, expected.ndim)
     kind = "NaN" if nan[worst] else f"off by {err[worst]:.3g}"
     where = f"row {row if len(row) != 1 else row[0]} is wrong ({kind} at index {worst})"
-    _fail(what, where, expected[row], g[row], convention)
+    _fail(what, where, expected[row], g[row], nan_convention if nan[worst] and nan_convention else convention)
 
 
-def assert_unmodified(before, after, name: str) -> None:
-    """Inputs are never modified: compare a copy taken before the call with the array after it."""
+def assert_unmodified(before, after, name: str, what: str = "") -> None:
+    """Inputs are never modified: compare a copy taken before the call with the array after it.
+
+    `what`, when given, names the call, as in assert_close.
+    """
     __tracebackhide__ = True
     if not np.array_equal(before, after, equal_nan=True):
-        raise AssertionError(f"{name} was modified in place: inputs are never modified "
-                             f"(work on a copy, or build new arrays)")
+        raise AssertionError(f"{what + ': ' if what else ''}{name} was modified in place\n"
+                             f"  convention: inputs are never modified (work on a copy, or build new arrays)")

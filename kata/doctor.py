@@ -10,6 +10,7 @@ import sys
 from importlib import metadata
 
 from kata.exercises import ROOT
+from kata.gpu import nvidia_gpus, unusable_gpu
 
 PACKAGES = ["numpy", "torch", "triton", "pytest", "pytest-timeout", "tabulate"]
 KERNEL_TIMEOUT = 180  # seconds: importing torch and Triton and compiling one kernel
@@ -25,8 +26,12 @@ def _release(text: str | None) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text or "")[:2])
 
 
-def known_problems(versions: dict[str, str | None], system: str, cuda: bool) -> list[tuple[str, str]]:
-    """Each known-bad combination present here, with its fix: ("problem" or "note", text)."""
+def known_problems(versions: dict[str, str | None], system: str, cuda: bool, probe: dict | None = None,
+                   gpus: list[str] | None = None) -> list[tuple[str, str]]:
+    """Each known-bad combination present here, with its fix: ("problem" or "note", text).
+
+    `probe` is what the probe kernel's process reported; `gpus` what nvidia-smi lists.
+    """
     problems = []
     numpy, triton, torch = versions.get("numpy"), versions.get("triton"), versions.get("torch")
     if numpy is None:
@@ -41,6 +46,11 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool) -> 
     elif _release(triton) == (3, 6) and _release(numpy) >= (2, 4) and not cuda:
         problems.append(("problem", 'Triton 3.6\'s interpreter fails with NumPy >= 2.4: pip install "numpy<2.4" '
                                     "(or upgrade Triton: pip install -U triton)"))
+    if probe and torch and (why := unusable_gpu(torch, probe.get("torch_cuda"), cuda, gpus or [])):
+        problems.append(("problem", why + "; until then exercise 06's GPU tests are skipped"))
+    if probe and probe.get("bf16_missing"):
+        problems.append(("note", probe["bf16_missing"] + ": exercise 06's bfloat16 tests and the benchmark "
+                                 "(all bfloat16) are skipped; float16 and float32 run"))
     return problems
 
 
@@ -76,7 +86,7 @@ def main() -> int:
     if probe is not None:
         state = "works" if probe["ok"] else f"FAILS: {probe['error']}"
         print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as exercise 06 runs it'}: {state}")
-    problems = known_problems(versions, platform.system(), cuda)
+    problems = known_problems(versions, platform.system(), cuda, probe, nvidia_gpus() if probe and not cuda else [])
     for kind, text in problems:
         print(f"{kind:<15} {text}")
     healthy = all(kind == "note" for kind, _ in problems) and (probe is None or probe["ok"])

@@ -9,22 +9,20 @@ A mutant is a solution with one bug, written as text replacements in mutants/NN_
 
 Each `old` text must occur exactly once in the solution, so a mutant cannot silently go stale.
 
-    python -m kata.mutants          # every exercise
-    python -m kata.mutants 02 03    # some
+    python -m kata.mutants                  # every exercise
+    python -m kata.mutants 02 03            # some
+    python -m kata.mutants --fresh-seeds    # on new random inputs
 """
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from kata.exercises import EXERCISES, ROOT, SOLUTIONS_DIR, Exercise, find
+from kata.trial import fresh_flag, run_tests
 
 MUTANTS_DIR = ROOT / "mutants"
 TIMEOUT_S = 300
@@ -57,28 +55,17 @@ def load_mutants(exercise: Exercise) -> list[Mutant]:
     return [Mutant(exercise, e["name"], e["bug"], tuple(map(tuple, e["replace"]))) for e in entries]
 
 
-def run_one(mutant: Mutant) -> tuple[Mutant, str, float]:
+def run_one(mutant: Mutant, fresh_seeds: bool = False) -> tuple[Mutant, str, float]:
     """Run the exercise's tests against the mutant; 'killed' when a test fails."""
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
-        # Each exercise file is self-contained and its tests load it alone.
-        Path(tmp, mutant.exercise.filename).write_text(mutant.source(), encoding="utf-8")
-        cmd = [sys.executable, "-m", "pytest", str(mutant.exercise.test_file), "--target", tmp,
-               "-x", "-q", "-p", "no:cacheprovider"]
-        try:
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-            summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-            # pytest exits 1 for failed tests and for errors alike; only a failed test kills a mutant.
-            rc = "failed" if done.returncode == 1 and " failed" in summary else done.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+    outcome = run_tests(mutant.exercise, mutant.source(), TIMEOUT_S, first_failure=True, fresh_seeds=fresh_seeds)
     # A timeout proves nothing: a mutant that only runs slowly would count as killed.
-    verdict = {0: "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
-        rc, f"error (pytest exit {rc})")
-    return mutant, verdict, time.perf_counter() - start
+    verdict = {"passed": "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
+        outcome.verdict, outcome.verdict)
+    return mutant, verdict, outcome.seconds
 
 
 def main(argv: list[str]) -> int:
+    argv, fresh = fresh_flag(argv)
     exercises = [find(a) for a in argv] if argv else EXERCISES
     mutants = [m for ex in exercises for m in load_mutants(ex)]
     for m in mutants:
@@ -86,12 +73,13 @@ def main(argv: list[str]) -> int:
     survivors = 0
     workers = os.cpu_count() or 2
     with ThreadPoolExecutor(workers) as pool:
-        for mutant, verdict, seconds in pool.map(run_one, mutants):
+        for mutant, verdict, seconds in pool.map(lambda m: run_one(m, fresh), mutants):
             survivors += verdict != "killed"
             print(f"{mutant.exercise.number} {mutant.name:<32} {verdict:<18} {seconds:5.1f}s  {mutant.bug}",
                   flush=True)
     killed = len(mutants) - survivors
-    print(f"mutants: {killed} of {len(mutants)} killed" + (f", {survivors} not killed" if survivors else ""))
+    print(f"mutants: {killed} of {len(mutants)} killed" + (f", {survivors} not killed" if survivors else "")
+          + (" (fresh seeds)" if fresh else ""))
     return 1 if survivors or not mutants else 0
 
 

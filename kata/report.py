@@ -36,7 +36,12 @@ def summary(results: list[ExerciseResult], target_label: str) -> str:
 def next_step(results: list[ExerciseResult]) -> str:
     current = next((r for r in results if not r.ok and r.status != SKIPPED), None)
     if current is None:
-        if any(r.exercise.needs_gpu and r.note for r in results):  # its GPU tests were skipped
+        gpu_notes = [r.note for r in results if r.exercise.needs_gpu and r.note]  # GPU tests were skipped
+        if any("nvidia-smi" in note for note in gpu_notes):  # a GPU is there, but torch cannot use it
+            reason = next(note for note in gpu_notes if "nvidia-smi" in note)
+            return "\n".join(["Every exercise passes on the CPU, but the GPU tests were skipped:"]
+                             + _wrap(reason.split(": ", 1)[-1], indent="  "))
+        if gpu_notes:
             return ("Every exercise passes on the CPU. On a machine with a CUDA GPU, run python grader.py\n"
                     "again to test 06 compiled, then measure your kernel: python grader.py --bench")
         return "Every exercise passes. Measure your kernel: python grader.py --bench"
@@ -69,9 +74,10 @@ def details(result: ExerciseResult) -> str:
     broken = [t for t in broken if not t.flag("not_implemented")]  # a wrong function before an unwritten one
     for test in broken[:DETAIL_TESTS]:
         seed = test.error.get("seed") if test.error else None
-        about = textwrap.wrap(f"catches: {test.about}", WIDTH - 2, initial_indent="  ",
-                              subsequent_indent="           ") if test.about else []
-        lines += ["", f"FAILED {test.name}"] + about + _failure_lines(Failure.of(test), seed=seed)
+        # The failed check comes first; the test's docstring lists every bug it looks for, not a diagnosis.
+        about = textwrap.wrap(f"this test looks for: {test.about}", WIDTH - 2, initial_indent="  ",
+                              subsequent_indent="    ") if test.about else []
+        lines += ["", f"FAILED {test.name}"] + _failure_lines(Failure.of(test), seed=seed) + about
     if len(broken) > DETAIL_TESTS:
         lines += ["", f"... and {len(broken) - DETAIL_TESTS} more failing tests"]
     if stubs and broken:

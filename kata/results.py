@@ -1,6 +1,7 @@
 """What one exercise's test run came to: each test's outcome, and the exercise's status."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,8 +101,13 @@ def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | Non
                                                           and not t.flag("not_implemented"))), None)
     if killed_after is not None or hung:
         where = Failure.of(hung) if hung else Failure(running or "(before the first test)", "")
-        where.message = (f"still running after {killed_after:.0f} s: an endless loop?" if killed_after is not None
-                         else f"one test ran too long: an endless loop? ({hung.error['message']})")
+        if hung:
+            limit = re.search(r"Timeout \(>([\d.]+)s\)", hung.error["message"])
+            where.message = (f"too slow: test {hung.name} ran over {float(limit.group(1)) if limit else '?':g} s, "
+                             f"the most one test may take (half the exercise's --timeout)")
+        else:
+            where.message = (f"too slow: over {killed_after:.0f} s, the most this exercise's tests may take in all "
+                             f"(--timeout), " + (f"still in test {running}" if running else "before any test began"))
         _with(result, TIMED_OUT, where)
     elif "collect_error" in collect:
         _with(result, CRASHED, Failure(collect["collect_error"]["nodeid"], collect["collect_error"]["message"]))

@@ -4,7 +4,7 @@
         Calls module.tile_schedule(n_q, n_k, block_q, block_k, causal=causal) and returns the
         drawing and True, or one line saying what to fix (a stub not started, a wrong return
         value, an exception) and False. `python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]` prints it.
-    draw(schedule, n_q, n_k, block_q, block_k) -> str
+    draw(schedule, n_q, n_k, block_q, block_k, causal) -> str
         The drawing of a schedule already in hand: query blocks down, key blocks across.
         Raises ValueError naming the first tile that is not (i, j, needs_mask) in range.
 """
@@ -40,7 +40,7 @@ def check(schedule, n_q: int, n_k: int, block_q: int, block_k: int) -> None:
         seen.add((i, j))
 
 
-def draw(schedule, n_q: int, n_k: int, block_q: int, block_k: int) -> str:
+def draw(schedule, n_q: int, n_k: int, block_q: int, block_k: int, causal: bool) -> str:
     """The grid of tiles with block labels, a legend and the counts."""
     check(schedule, n_q, n_k, block_q, block_k)
     t_r, t_c = math.ceil(n_q / block_q), math.ceil(n_k / block_k)
@@ -50,8 +50,8 @@ def draw(schedule, n_q: int, n_k: int, block_q: int, block_k: int) -> str:
     cells = {(i, j): MASKED if needs_mask else COMPUTED for i, j, needs_mask in schedule}
     label = len(str(t_r - 1))
     indent = " " * (label + 3)
-    lines = [f"tile_schedule: n_q={n_q}, n_k={n_k}, block_q={block_q}, block_k={block_k} "
-             f"({t_r} query blocks x {t_c} key blocks)", indent + "key block j ->"]
+    lines = [f"tile_schedule(n_q={n_q}, n_k={n_k}, block_q={block_q}, block_k={block_k}, causal={causal}): "
+             f"{t_r} x {t_c} tiles", indent + "key block j ->"]
     if t_c > 10:  # two columns a tile leave room for one digit: tens on a line of their own
         lines.append((indent + "".join(f"{j // 10 or ' '} " for j in range(t_c))).rstrip())
     lines.append((indent + "".join(f"{j % 10} " for j in range(t_c))).rstrip())
@@ -82,6 +82,6 @@ def show(module: ModuleType, n_q: int = 12, n_k: int = 12, block_q: int = 2, blo
     except Exception as exc:  # the learner's code: say what broke, the tests give the traceback
         return f"{call} raised {type(exc).__name__}: {exc} (run the tests of exercise 04 for the traceback)", False
     try:
-        return draw(schedule, n_q, n_k, block_q, block_k), True
+        return draw(schedule, n_q, n_k, block_q, block_k, causal), True
     except ValueError as exc:
         return f"{call}: {exc}", False

@@ -9,11 +9,15 @@ import os
 
 
 def probe() -> dict:
-    out = {"cuda": False, "device": None, "mode": None, "ok": False, "error": None}
+    out = {"cuda": False, "device": None, "mode": None, "ok": False, "error": None, "torch_cuda": None,
+           "bf16_missing": None}
     try:
         import torch
+        from kata.gpu import bf16_missing
         out["cuda"] = torch.cuda.is_available()
+        out["torch_cuda"] = torch.version.cuda  # None for a CPU build
         out["device"] = torch.cuda.get_device_name(0) if out["cuda"] else None
+        out["bf16_missing"] = bf16_missing(torch) if out["cuda"] else None
         if not out["cuda"]:
             os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is defined: set it first
         out["mode"] = "compiled on the GPU" if out["cuda"] else "interpreter (TRITON_INTERPRET=1)"

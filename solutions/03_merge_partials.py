@@ -17,7 +17,10 @@ The formulas (one query row)
 In the paper
     FlashAttention (Dao et al., 2022), Algorithm 1, line 12, is this merge with the running
     (m, l) in place of lse: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
-    FlashAttention-2 keeps only L_i = m_i + log(l_i), the lse, and merges the same way.
+    FlashAttention-2 (Dao, 2023, arXiv 2307.08691) writes only L_i = m_i + log(l_i), the lse,
+    to HBM, for its backward pass. Merging whole partial results by their lse, as here, is how
+    Flash-Decoding (Dao, Haziza, Massa, Sizov, 2023) splits a long KV cache, and how Rabe &
+    Staats (2021, arXiv 2112.05682) combine chunks of keys.
 
 Conventions
     - A boolean mask is True where a query may attend a key; False scores become -inf.

@@ -17,7 +17,8 @@ The formula (one query block, one of its tiles)
 In the paper
     FlashAttention (Dao et al., 2022), Algorithm 1: line 2 starts m = -inf, l = 0; lines 9-11
     compute S_ij, the tile's rowmax and rowsum, then m_new and l_new; line 12 rescales O_i and
-    multiplies by diag(l_new)^-1 after every tile. FlashAttention-2 (Dao, 2023), Algorithm 1,
+    multiplies by diag(l_new)^-1 after every tile. FlashAttention-2: Faster Attention with Better
+    Parallelism and Work Partitioning (Dao, 2023, arXiv 2307.08691), Algorithm 1,
     keeps O_i unnormalised (lines 8-10), divides once (line 12) and sets L_i = m_i + log(l_i)
     (line 13). Here: the order of FlashAttention-2, the names of both.
 
@@ -31,6 +32,9 @@ Which tiles are worth computing
 Conventions
     - mask (n_q, n_k) is True where a query may attend a key; causal is top-left aligned (also
       when n_q != n_k); the two combine with AND. Edge tiles are cut to the array bounds.
+      Top-left is torch's is_causal=True. Moving on, beware: the flash-attn library (since 2.1)
+      and torch's causal_lower_right align the diagonal bottom-right when n_q != n_k (query i
+      sees key j iff j <= i + n_k - n_q); the two agree only when n_q == n_k.
     - A row may see only -inf in its first tiles: while m = -inf, shift by 0 (as in exercise 01).
     - A fully masked row: o = 0, lse = -inf, never NaN. float32 in gives float32 out.
 
@@ -41,6 +45,11 @@ Worked example
 import math
 
 import numpy as np
+
+
+def num_blocks(n: int, block: int) -> int:
+    """How many blocks of `block` rows cover n rows: a ragged last block counts too."""
+    return math.ceil(n / block)
 
 
 def block_slice(index: int, block: int, n: int) -> slice:
@@ -75,9 +84,9 @@ def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool =
     # TODO: look at every tile's allowed pairs; keep the tiles with any, and note if not all.
     # BEGIN SOLUTION
     schedule = []
-    for i in range(math.ceil(n_q / block_q)):  # ceil: a ragged last block still counts
+    for i in range(num_blocks(n_q, block_q)):
         rows = block_slice(i, block_q, n_q)
-        for j in range(math.ceil(n_k / block_k)):
+        for j in range(num_blocks(n_k, block_k)):
             allowed = tile_allowed(rows, block_slice(j, block_k, n_k), causal, mask)
             if allowed.any():
                 schedule.append((i, j, not allowed.all()))

@@ -6,8 +6,10 @@ The idea
     attention writes the n x n scores S to HBM, reads them back to write P = softmax(S), and
     reads P back to form O = PV: 4n² element moves, against a few nd for Q, K, V and O. For
     n >> d it spends its time moving S and P: it is memory-bound. FlashAttention never moves S
-    or P. It keeps each tile of them on chip, moves only Q, K, V, O and the n log-sum-exps L,
-    and pays for it by reading K and V once per query block.
+    or P: it keeps each tile of them on chip. In FlashAttention-2's loop order, used here, it
+    moves only Q, K, V, O and the n log-sum-exps L, and pays for it by reading K and V once per
+    query block (the original FlashAttention puts key blocks outside and re-reads Q, O, l and m
+    once per key block instead).
 
 The counts, in elements (T_r = ceil(n / block_q) query blocks)
     standard  reads 2n² + nd + 2·T_r·nd    writes 2n² + nd        (causal or not)
@@ -16,11 +18,12 @@ The counts, in elements (T_r = ceil(n / block_q) query blocks)
     counts the key rows of the tiles scheduled for query block i (a tile is read whole).
 
 In the paper
-    Theorem 2 (section 3.2): standard attention makes Θ(Nd + N²) HBM accesses, FlashAttention
-    Θ(N²d²M⁻¹) for an SRAM of M elements. The paper's Algorithm 1 puts key blocks in the outer
-    loop and re-reads Q and O for each; here, as in FlashAttention-2, query blocks are outside
-    and K and V are re-read. Either way a block holds Θ(M/d) rows, so the re-read term
-    2·T_r·Nd = 2N²d/block_q is Θ(N²d²/M): far below N² when d² is far below M.
+    Theorem 2 (section 3.2), for an SRAM of M elements with d <= M <= Nd: standard attention
+    makes Θ(Nd + N²) HBM accesses, FlashAttention Θ(N²d²M⁻¹). The paper's Algorithm 1 puts key
+    blocks in the outer loop and re-reads Q and O for each; here, as in FlashAttention-2 (Dao,
+    2023, arXiv 2307.08691), query blocks are outside and K and V are re-read. Either way a
+    block holds Θ(M/d) rows, so the re-read term 2·T_r·Nd = 2N²d/block_q is Θ(N²d²/M): far
+    below N² when d² is far below M.
 
 The simulator (kata.hbm.HBM) holds Q, K, V (n, d) and NaN-filled outputs O (n, d), L (n,),
 S and P (n, n). hbm.read(name, rows, cols) returns a copy and counts its elements as reads;
@@ -101,8 +104,9 @@ def standard_attention_io(n: int, d: int, block_q: int, block_k: int,
 
 def flash_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
                     scale: float | None = None) -> None:
-    """Algorithm 1 on hbm's Q, K, V (n, d): per query block, walk its key tiles keeping m, l and
-    acc on chip, then write its rows of O (n, d) and L (n,) once."""
+    """FlashAttention-2's Algorithm 1 (query blocks outside) on hbm's Q, K, V (n, d): per query
+    block, walk its key tiles keeping m, l and acc on chip, then write its rows of O (n, d) and
+    L (n,) once."""
     n, d = hbm.shape("Q")
     scale = 1 / np.sqrt(d) if scale is None else scale
     # TODO: for each query block read Q once; for each scheduled key tile read K and V and update

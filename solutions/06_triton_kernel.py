@@ -16,13 +16,15 @@ The formula (one program; scores kept in base 2, because exp2 is a single GPU in
     o   = acc / l      lse = (m + log2(l)) * ln(2)        (lse in natural log, as everywhere)
 
 In the paper
-    FlashAttention-2 (Dao, 2023), Algorithm 1: the outer loop over query blocks is the launch grid,
+    FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning (Dao, 2023,
+    arXiv 2307.08691), Algorithm 1: the outer loop over query blocks is the launch grid,
     the inner loop over key blocks is the program's loop, and o is divided by l once, at the end.
 
 Where masks are paid (two stages, as in Triton's fused-attention tutorial)
     Stage 1 walks the key tiles every row of the block may attend: no mask, no bounds checks.
     Stage 2 walks the rest: the diagonal tiles under causal=True (query i sees key j iff j <= i,
-    top-left aligned) and the ragged last tile, where keys at or past n_keys are masked to -inf
+    top-left aligned, as torch's is_causal=True; the flash-attn library and torch's
+    causal_lower_right align bottom-right instead when n_q != n_k) and the ragged last tile, where keys at or past n_keys are masked to -inf
     and never loaded. n_keys is n_k, or kv_lens[b] when given.
     Example, n_q = n_k = 5, BLOCK_M = 4, BLOCK_N = 2, causal: rows 0-3 have no stage 1 and a
     masked stage 2 over keys [0, 4); row 4 has stage 1 over keys [0, 4) and stage 2 over key 4.
@@ -116,18 +118,21 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
               H, n_q, n_k,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: query block program_id(0) of (batch, head) program_id(1).
+    """One program: one query block of one (batch, head), both taken from the 1-D program id.
 
     Q, O (B, H, n_q, HEAD_DIM); K, V (B, H, n_k, HEAD_DIM), last axis contiguous; LSE (B, H, n_q)
     contiguous float32; KV_LENS (B,) int32 or None. qk_scale = scale * log2(e).
     """
-    # TODO: load this block's Q tile once; run stage 1 (unmasked tiles) and stage 2 (masked tiles)
-    #       through _attn_tiles; write o = acc / l and lse, with l = 0 giving o = 0, lse = -inf.
+    # TODO: program p owns (batch·head) p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M);
+    #       load its Q tile once; run stage 1 (unmasked tiles) and stage 2 (masked tiles) through
+    #       _attn_tiles; write o = acc / l and lse, with l = 0 giving o = 0, lse = -inf.
     # BEGIN SOLUTION
+    n_blocks = tl.cdiv(n_q, BLOCK_M)
+    bh = tl.program_id(0) // n_blocks
     # Under causal masking later blocks have more keys: launching them first evens out the tail.
-    block = tl.num_programs(0) - 1 - tl.program_id(0)
-    b = tl.program_id(1) // H
-    h = tl.program_id(1) % H
+    block = n_blocks - 1 - tl.program_id(0) % n_blocks
+    b = bh // H
+    h = bh % H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     q = _load_rows(_tile_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
     k_ptrs = _tile_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
@@ -157,7 +162,7 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     lse = (m + tl.math.log2(l)) * 0.6931471805599453  # ln(2): base 2 back to natural log
     o_ptrs = _tile_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(rows < n_q)[:, None])
-    tl.store(LSE + tl.program_id(1).to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
+    tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
     # END SOLUTION
 
 
@@ -180,6 +185,9 @@ def _check_inputs(q, k, v, kv_lens, scale) -> None:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: q, k and v must share one device")
     if q.device.type != "cuda" and not _interpreted():
         raise ValueError(f"tensors are on {q.device}: compiled Triton needs CUDA (or set TRITON_INTERPRET=1)")
+    if _interpreted() and q.dtype == torch.bfloat16:
+        raise ValueError("dtype bfloat16 under TRITON_INTERPRET=1: Triton's interpreter multiplies the raw bits "
+                         "of bfloat16 in tl.dot and returns garbage; use float32 (or float16) on the CPU")
     (B, H, n_q, D), n_k = q.shape, k.shape[2]
     if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
@@ -232,11 +240,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         kv_lens = kv_lens.to(torch.int32)
     args = (q, k, v, o, lse, kv_lens, scale * 1.4426950408889634,  # log2(e): exp(x) = exp2(x log2 e)
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, n_q, n_k)
+    # One grid axis for (query block, batch·head): CUDA's second and third axes stop at 65535
+    # programs, and B·H passes that when many short sequences are decoded at once.
     if _interpreted() or B * H * n_q * n_k < TUNE_ABOVE:
         fixed = _fixed_config(width)
-        grid = (triton.cdiv(n_q, fixed["BLOCK_M"]), B * H)
+        grid = (triton.cdiv(n_q, fixed["BLOCK_M"]) * B * H,)
         _attn_fwd[grid](*args, HEAD_DIM=width, CAUSAL=bool(causal), **fixed, num_warps=4, num_stages=2)
     else:
-        grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), B * H)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]) * B * H,)  # noqa: E731
         _attn_fwd_tuned[grid](*args, HEAD_DIM=width, CAUSAL=bool(causal))
     return o[..., :D], lse

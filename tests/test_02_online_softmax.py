@@ -14,6 +14,11 @@ MASKED_ROW = "a fully masked row (all -inf) gives m = -inf, l = 0 and weights of
 RESCALE = "when a block raises the max from m to m_new, l is multiplied by exp(m - m_new)"
 ONE_PASS = "one pass, left to right, in blocks of at most block_size columns"
 FUNCTIONS = pytest.mark.parametrize("function", ["online_softmax_stats", "online_softmax"])
+CONVENTIONS = {  # what each output is, by definition
+    "m": "m is the max of the whole row (over the last axis), found block by block",
+    "l": "l = sum(exp(x - m)) over the whole row with the final m: " + RESCALE,
+    "p": "p = exp(x - m) / l with the final m and l; each row of p sums to 1",
+}
 
 
 def oracle_stats(x):
@@ -34,16 +39,22 @@ def outputs(function, got):
     return dict(zip(["m", "l"], got)) if function == "online_softmax_stats" else {"p": got}
 
 
-def check(ex, function, x, block_size, label, convention=""):
-    """Run `function` on `x` and compare its outputs with their oracles; `x` must come back unmodified."""
+def check(ex, function, x, block_size, label, convention=None):
+    """Run `function` on `x` and compare its outputs with their oracles; `x` must come back unmodified.
+
+    `convention` is the rule each output's check enforces: one text for all outputs, or
+    {output name: text}; by default the definition of that output (CONVENTIONS).
+    """
     __tracebackhide__ = True
     before = x.copy()
     got = outputs(function, getattr(ex, function)(x, block_size))
-    call = f"{function}({describe('x', x)}, block_size={block_size}, {label})"
-    for name, want in expected(function, x).items():
-        assert_close(got.get(name), want, what=f"{call}: {name}", convention=convention, dtype=x.dtype,
+    call = f"{function}({describe('x', before)}, block_size={block_size}, {label})"
+    assert_unmodified(before, x, "x", call)  # first: an oracle of a modified x would show a false expected value
+    rules = CONVENTIONS | (convention if isinstance(convention, dict) else
+                           dict.fromkeys(CONVENTIONS, convention) if convention else {})
+    for name, want in expected(function, before).items():
+        assert_close(got.get(name), want, what=f"{call}: {name}", convention=rules[name], dtype=x.dtype,
                      **TOL[x.dtype.type])
-    assert_unmodified(before, x, "x")
 
 
 SHAPES = [(9,), (1, 1), (3, 10), (2, 3, 7), (2, 2, 2, 9)]
@@ -61,8 +72,7 @@ def test_matches_oracle_for_every_block_size(ex, rng, function, shape, block_siz
     turned into a 2-D result.
     """
     x = (rng.standard_normal(shape) * 3).astype(dtype)
-    check(ex, function, x, block_size, "random scores",
-          "the statistics run over the last axis: m is the row max, l = sum(exp(x - m)); p sums to 1")
+    check(ex, function, x, block_size, "random scores")
 
 
 @FUNCTIONS
@@ -71,7 +81,8 @@ def test_later_block_raises_the_max_by_1e4(ex, rng, function, block_size):
     """l not rescaled when m grows: the old terms, taken against a max 1e4 lower, stay ~exp(1e4) = inf."""
     x = rng.standard_normal((3, 10))
     x[:, 5:] += 1e4
-    check(ex, function, x, block_size, "columns 5-9 are 1e4 above columns 0-4", RESCALE)
+    check(ex, function, x, block_size, "columns 5-9 are 1e4 above columns 0-4",
+          {"l": RESCALE, "p": "p = exp(x - m) / l with the final m and l: " + RESCALE})
 
 
 @FUNCTIONS
@@ -149,6 +160,31 @@ def test_block_size_below_one_is_a_value_error(ex, function, block_size):
         raise AssertionError(f"{call} returned instead of raising ValueError\n  convention: {convention}")
 
 
+def check_block_reads(log, shape, block_size, what, convention, in_order):
+    """Each logged read of the watched x covers at most block_size columns of a row; with
+    `in_order`, the blocks of a row also come left to right, never back to an earlier column."""
+    __tracebackhide__ = True
+    if not log:
+        raise AssertionError(f"{what}: no NumPy operation read x itself, so the blocks cannot be checked\n"
+                             f"  convention: {convention}; work on x directly (np.asarray and np.array "
+                             f"hand back a plain array whose reads this test cannot see; x needs no conversion)")
+    n = shape[-1]
+    last_start = {}
+    for index in log:
+        rows, cols = np.divmod(index.ravel(), n)
+        for row in np.unique(rows):
+            row_cols = cols[rows == row]
+            lo, hi = int(row_cols.min()), int(row_cols.max())
+            where = f"row {tuple(int(i) for i in np.unravel_index(row, shape[:-1]))}"
+            if hi - lo + 1 > block_size:
+                raise AssertionError(f"{what}: one operation read columns {lo}-{hi} of {where} at once "
+                                     f"(block_size = {block_size})\n  convention: {convention}")
+            if in_order and lo < last_start.get(row, 0):
+                raise AssertionError(f"{what}: went back to column {lo} of {where} after column "
+                                     f"{last_start[row]}\n  convention: {convention}, each block folded in once")
+            last_start[row] = lo
+
+
 @pytest.mark.parametrize("block_size", [2, 5], ids=lambda b: f"b{b}")
 def test_stats_are_one_pass_in_blocks(ex, rng, block_size):
     """A two-pass solution in disguise: the row max over all columns first (x.max, np.max, argmax,
@@ -163,24 +199,22 @@ def test_stats_are_one_pass_in_blocks(ex, rng, block_size):
     """
     x = rng.standard_normal((2, 3, 13))
     watched = watch(x)
-    n = x.shape[-1]
-    what = f"online_softmax_stats({describe('x', x)}, block_size={block_size})"
     ex.online_softmax_stats(watched, block_size)
-    if not watched.log:
-        raise AssertionError(f"{what}: no NumPy operation read x itself, so the pass cannot be checked\n"
-                             f"  convention: {ONE_PASS}; work on x directly (np.asarray and np.array "
-                             f"hand back a plain array whose reads this test cannot see; x needs no conversion)")
-    last_start = {}
-    for index in watched.log:
-        rows, cols = np.divmod(index.ravel(), n)
-        for row in np.unique(rows):
-            row_cols = cols[rows == row]
-            lo, hi = int(row_cols.min()), int(row_cols.max())
-            where = f"row {tuple(int(i) for i in np.unravel_index(row, x.shape[:-1]))}"
-            if hi - lo + 1 > block_size:
-                raise AssertionError(f"{what}: one operation read columns {lo}-{hi} of {where} at once\n"
-                                     f"  convention: {ONE_PASS}")
-            if lo < last_start.get(row, 0):
-                raise AssertionError(f"{what}: went back to column {lo} of {where} after column "
-                                     f"{last_start[row]}\n  convention: {ONE_PASS}, each block folded in once")
-            last_start[row] = lo
+    check_block_reads(watched.log, x.shape, block_size,
+                      f"online_softmax_stats({describe('x', x)}, block_size={block_size})", ONE_PASS, in_order=True)
+
+
+@pytest.mark.parametrize("block_size", [2, 5], ids=lambda b: f"b{b}")
+def test_normalising_pass_is_in_blocks(ex, rng, block_size):
+    """p computed with one whole-row operation (np.exp(x - m) / l) instead of block by block: the
+    row of scores never exists whole in FlashAttention, so neither pass may look at all of it.
+
+    x arrives watched, as in test_stats_are_one_pass_in_blocks: every read, in the stats pass and
+    in the normalising pass, must cover at most block_size columns of a row.
+    """
+    x = rng.standard_normal((2, 3, 13))
+    watched = watch(x)
+    ex.online_softmax(watched, block_size)
+    check_block_reads(watched.log, x.shape, block_size, f"online_softmax({describe('x', x)}, block_size={block_size})",
+                      "both passes walk the row in blocks of at most block_size columns: fill p block by block",
+                      in_order=False)

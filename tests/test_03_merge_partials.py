@@ -21,14 +21,14 @@ def check_call(ex, function, q, k, v, mask=None, scale=None, label="", conventio
     inputs = {"q": q, "k": k, "v": v} | ({} if mask is None else {"mask": mask})
     before = {name: a.copy() for name, a in inputs.items()}
     o, lse = getattr(ex, function)(q, k, v, **extra, mask=mask, scale=scale)
+    for name, a in inputs.items():  # first: an oracle of modified inputs would show false expected values
+        assert_unmodified(before[name], a, name)
     shown = ", ".join([describe(n, a) for n, a in inputs.items()] + [f"{n}={a}" for n, a in extra.items()])
     call = f"{function}({shown}, scale={scale}, {label})"
     o_exp, lse_exp = attention(q, k, v, mask, scale)
     tol = TOL[q.dtype.type]
     assert_close(o, o_exp, what=f"{call}: o", convention=convention, dtype=q.dtype, **tol)
     assert_close(lse, lse_exp, what=f"{call}: lse", convention=convention, dtype=q.dtype, **tol)
-    for name, a in inputs.items():
-        assert_unmodified(before[name], a, name)
 
 
 def check_merge(ex, a, b, expected, label, convention="", tol=TOL[np.float64]):
@@ -36,13 +36,13 @@ def check_merge(ex, a, b, expected, label, convention="", tol=TOL[np.float64]):
     __tracebackhide__ = True
     before = [x.copy() for x in (*a, *b)]
     o, lse = ex.merge_partials(*a, *b)
+    for name, x, y in zip(["o_a", "lse_a", "o_b", "lse_b"], before, (*a, *b)):
+        assert_unmodified(x, y, name)
     dtype = a[1].dtype
     call = (f"merge_partials({describe('o_a', a[0])}, {describe('lse_a', a[1])}, "
             f"{describe('o_b', b[0])}, {describe('lse_b', b[1])}, {label})")
     assert_close(o, expected[0], what=f"{call}: o", convention=convention, dtype=dtype, **tol)
     assert_close(lse, expected[1], what=f"{call}: lse", convention=convention, dtype=dtype, **tol)
-    for name, x, y in zip(["o_a", "lse_a", "o_b", "lse_b"], before, (*a, *b)):
-        assert_unmodified(x, y, name)
 
 
 def shape_id(s):
@@ -258,3 +258,42 @@ def test_split_kv_scale(ex, rng, scale):
     scale=0.0 replaced by the default."""
     q, k, v = random_qkv(rng, 3, 8, 16, 2)
     check_call(ex, "split_kv_attention", q, k, v, num_splits=3, scale=scale, label="d = 16", convention=SCALE)
+
+
+CHUNKS = [(10, 3), (7, 4), (3, 5), (9, 9)]
+
+
+@pytest.mark.parametrize("n_k, num_splits", CHUNKS, ids=[f"nk{n}-splits{s}" for n, s in CHUNKS])
+def test_split_kv_chunks_are_contiguous_in_array_split_sizes(ex, rng, monkeypatch, n_k, num_splits):
+    """Chunks taken with a stride (k[s::num_splits]) or in other sizes than np.array_split's: the
+    merge makes the answer right either way, so only the chunks themselves show it. Split-KV
+    decoding gives each split one contiguous slice of the cache, and exercise 10 builds on that.
+
+    attention_partial is wrapped to record the keys of each call; empty chunks may be skipped.
+    """
+    q, k, v = random_qkv(rng, 3, n_k, 4, 2)
+    calls = []
+    attention_partial = ex.attention_partial
+
+    def recorded(q_, k_, v_, *args, **kwargs):
+        calls.append(np.array(k_, copy=True))
+        return attention_partial(q_, k_, v_, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "attention_partial", recorded)
+    ex.split_kv_attention(q, k, v, num_splits)
+    what = f"split_kv_attention(q (3, 4), k ({n_k}, 4), v ({n_k}, 2), num_splits={num_splits})"
+    expected = [chunk.tolist() for chunk in np.array_split(np.arange(n_k), num_splits) if chunk.size]
+    if not calls:
+        raise AssertionError(f"{what} never called attention_partial\n  convention: {SPLIT}; "
+                             f"attend each chunk with attention_partial, merge with merge_partials")
+    got = []
+    for keys in calls:
+        rows = [int(np.flatnonzero((k == row).all(axis=1))[0]) if (k == row).all(axis=1).any() else None
+                for row in keys.reshape(-1, k.shape[1])]
+        if None in rows:
+            raise AssertionError(f"{what}: attention_partial was given keys that are not rows of k")
+        if rows:
+            got.append(rows)
+    if got != expected:
+        raise AssertionError(f"{what}: the chunks attended held keys {got}\n  expected: {expected}\n"
+                             f"  convention: contiguous chunks in the sizes np.array_split gives, in order")

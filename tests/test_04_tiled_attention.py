@@ -100,16 +100,19 @@ def check_attention(ex, q, k, v, block_q, block_k, causal=False, mask=None, scal
     before = {name: a.copy() for name, a in inputs.items()}
     kwargs = ({} if mask is None else {"mask": mask}) | ({} if scale is None else {"scale": scale})
     o, lse = ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, **kwargs)
+    for name, a in inputs.items():  # first: a modified input would make the comparison below misleading
+        assert_unmodified(before[name], a, name)
     notes = [f"causal={causal}", "mask" if mask is not None else "",
              "" if scale is None else f"scale={scale}", label,
              f"keys {dead.tolist()} are in no scheduled tile and hold NaN" if dead.size else ""]
     what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, "
             f"block_q={block_q}, block_k={block_k}, {', '.join(filter(None, notes))})")
     tol = TOL[q.dtype.type]
-    assert_close(o, o_exp, what=what + " -> o", convention=convention, dtype=q.dtype, **tol)
-    assert_close(lse, lse_exp, what=what + " -> lse", convention=convention, dtype=q.dtype, **tol)
-    for name, a in inputs.items():
-        assert_unmodified(before[name], a, name)
+    nan = (f"keys {dead.tolist()} lie in no scheduled tile and hold NaN: a NaN here means a tile that is "
+           f"not scheduled was read" if dead.size else "") or MASKED_ROW + "; " + FIRST_TILES
+    for name, got, want in (("o", o, o_exp), ("lse", lse, lse_exp)):
+        assert_close(got, want, what=f"{what} -> {name}", convention=convention, nan_convention=nan,
+                     dtype=q.dtype, **tol)
 
 
 def shape_id(n_q, n_k, block_q, block_k, causal=False):
@@ -308,6 +311,8 @@ def test_reads_each_scheduled_tile_once(ex, rng, n_q, n_k, block_q, block_k, cau
     k and v arrive watched (tests/oracles.py, `watch`): every NumPy operation on them, a view
     (k[start:stop], k[cols]) or a copy of them records the rows it read. Each read must be the rows
     of one key block, and the blocks read must be the scheduled tiles' key blocks, in order.
+    np.asarray, np.array and np.ascontiguousarray hand back plain arrays whose reads cannot be
+    seen: an input converted that way is checked by the NaN-poison test of the same case instead.
     """
     q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
     mask = None
@@ -320,5 +325,51 @@ def test_reads_each_scheduled_tile_once(ex, rng, n_q, n_k, block_q, block_k, cau
     ex.tiled_attention(q, k_seen, v_seen, block_q, block_k, causal=causal, mask=mask)
     what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block_q}, "
             f"block_k={block_k}, causal={causal}{', mask' if masked else ''})")
+    unseen = []
     for name, seen in (("k", k_seen), ("v", v_seen)):
-        check_tile_reads(seen.log, seen.shape[1], schedule, n_q, n_k, block_q, block_k, what, name)
+        if seen.log:
+            check_tile_reads(seen.log, seen.shape[1], schedule, n_q, n_k, block_q, block_k, what, name)
+        else:
+            unseen.append(name)
+    if unseen:  # converted first (np.asarray, np.array, ...): the NaN in unscheduled keys still tells
+        check_attention(ex, q, k, v, block_q, block_k, causal=causal, mask=mask,
+                        label=f"{' and '.join(unseen)} converted, so checked by NaN in unscheduled keys instead")
+
+
+MASK_CASES = [(7, 9, 3, 2, True, False), (8, 8, 4, 4, True, True), (9, 10, 3, 4, False, True)]
+
+
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", MASK_CASES,
+                         ids=[shape_id(*c[:5]) + ("-mask" if c[5] else "") for c in MASK_CASES])
+def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k, block_q, block_k, causal, masked):
+    """The mask applied on every tile, not only those flagged needs_mask: the numbers come out the
+    same, but only the tiles the diagonal (or the mask) crosses should pay for it.
+
+    tile_schedule is replaced by the oracle's schedule, and tile_allowed wrapped to record the tiles
+    it is asked about: inside tiled_attention it may be asked only about tiles with needs_mask.
+    """
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
+    mask = None
+    if masked:
+        mask = rng.random((n_q, n_k)) < 0.7
+        mask[:block_q] = True  # query block 0 is fully allowed: no tile of it needs the mask unless causal
+    schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
+    monkeypatch.setattr(ex, "tile_schedule", lambda *args, **kwargs: list(schedule))
+    asked = []
+    tile_allowed = ex.tile_allowed
+
+    def recorded(rows, cols, *args, **kwargs):
+        asked.append((rows.start // block_q, cols.start // block_k))
+        return tile_allowed(rows, cols, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "tile_allowed", recorded)
+    ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, mask=mask)
+    flagged = {(i, j) for i, j, needs_mask in schedule if needs_mask}
+    unflagged = [tile for tile in asked if tile not in flagged]
+    if unflagged:
+        i, j = unflagged[0]
+        what = (f"tiled_attention(q ({n_q}, 8), k ({n_k}, 8), block_q={block_q}, block_k={block_k}, "
+                f"causal={causal}{', mask' if masked else ''})")
+        raise AssertionError(f"{what}: tile_allowed was computed for {tile_text((i, j, False), n_q, n_k, block_q, block_k)}, "
+                             f"where every pair may attend\n  convention: {NEEDS_MASK}; apply the mask only on "
+                             f"needs_mask tiles")

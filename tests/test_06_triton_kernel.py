@@ -12,6 +12,7 @@ import re
 import pytest
 
 from kata.checks import assert_close, assert_unmodified
+from kata.gpu import bf16_missing, gpu_skip_reason
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 if not torch.cuda.is_available():
@@ -20,18 +21,23 @@ pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log2(0) = -inf, wanted
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
 MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
 PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
+LSE = "lse is the natural log: (m + log2(l)) · ln(2) when m is kept in base 2"
+NOT_READ = "keys that no query may attend hold NaN here: a NaN in o means such a key (a tile) was loaded"
 TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
     "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
 }
 
 
 def oracle(q, k, v, causal=False, scale=None, kv_lens=None):
-    """softmax(scale q k^T + mask) v and its log-sum-exp in float64, straight from the definition."""
-    q, k, v = (t.double() for t in (q, k, v))
+    """softmax(scale q k^T + mask) v and its log-sum-exp in float64, straight from the definition.
+
+    The tests put NaN only in keys that no query may attend; the oracle reads them as 0.
+    """
+    q, k, v = q.double(), k.double().nan_to_num(), v.double().nan_to_num()
     n_q, n_k = q.shape[2], k.shape[2]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     keep = torch.ones(q.shape[0], 1, n_q, n_k, dtype=torch.bool, device=q.device)
@@ -40,7 +46,6 @@ def oracle(q, k, v, causal=False, scale=None, kv_lens=None):
     if kv_lens is not None:
         live = torch.arange(n_k, device=q.device) < kv_lens[:, None].to(q.device)  # (B, n_k)
         keep &= live[:, None, None, :]
-        v = torch.where(live[:, None, :, None], v, 0.0)  # 0 * NaN padding would be NaN
     s = torch.where(keep, (q @ k.transpose(-1, -2)) * scale, -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.where(keep, torch.exp(s - lse[..., None]), 0.0)  # a fully masked row weighs nothing
@@ -84,11 +89,14 @@ def name(q, k, causal=False, kv_lens=None, scale=None) -> str:
     return f"flash_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra})"
 
 
-def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention=""):
-    """Run the kernel, compare o and lse with the oracle, and check types, shapes and inputs."""
+def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention="", lse_convention=LSE,
+          nan_convention=""):
+    """Run the kernel, check the inputs are unmodified, then compare o and lse with the oracle."""
     __tracebackhide__ = True
     before = [t.clone() for t in (q, k, v)]
     o, lse = run(ex, q, k, v, causal=causal, scale=scale, kv_lens=kv_lens)
+    for t, t0, label in zip((q, k, v), before, "qkv"):
+        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
     what = name(q, k, causal, kv_lens, scale)
     assert o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), \
         f"{what}: o must have q's dtype and shape {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
@@ -97,11 +105,9 @@ def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention=""):
     o_ref, lse_ref = oracle(q, k, v, causal, scale, kv_lens)
     tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
     assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
-                 rtol=tol, atol=tol, convention=convention)
+                 rtol=tol, atol=tol, convention=convention, nan_convention=nan_convention)
     assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
-                 rtol=tol, atol=tol, convention=convention or "lse is the natural log: m + log(l)")
-    for t, t0, label in zip((q, k, v), before, "qkv"):
-        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
+                 rtol=tol, atol=tol, convention=lse_convention)
 
 
 @pytest.fixture(autouse=True)
@@ -149,14 +155,15 @@ def test_padding_keys_are_never_read(ex, rng, causal):
     kv_lens = torch.tensor([n_k, 1, 17, 33], device=DEVICE)
     pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
     k, v = k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan)  # padding holds NaN
-    check(ex, q, k, v, causal=causal, kv_lens=kv_lens, convention=PADDING)
+    check(ex, q, k, v, causal=causal, kv_lens=kv_lens, convention=PADDING, nan_convention=PADDING)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_zero_kv_len_gives_zero_rows_and_minus_inf_lse(ex, rng, causal):
     """Dividing by l = 0 on a fully masked row gives 0 / 0 = NaN; lse must be -inf."""
     q, k, v = randn(rng, 3, 1, 20, 16), randn(rng, 3, 1, 9, 16), randn(rng, 3, 1, 9, 16)
-    check(ex, q, k, v, causal=causal, kv_lens=torch.tensor([0, 9, 0], device=DEVICE), convention=MASKED_ROW)
+    check(ex, q, k, v, causal=causal, kv_lens=torch.tensor([0, 9, 0], device=DEVICE), convention=MASKED_ROW,
+          lse_convention=MASKED_ROW)
 
 
 @pytest.mark.parametrize("D", [8, 24, 40])
@@ -171,6 +178,30 @@ def test_explicit_scale(ex, rng, scale):
     """scale ignored or applied twice, or exp2 used without the log2(e) factor."""
     check(ex, randn(rng, 1, 1, 21, 16), randn(rng, 1, 1, 35, 16), randn(rng, 1, 1, 35, 16), scale=scale,
           convention="s = scale * q k^T; exp(x) = exp2(x * log2(e))")
+
+
+# Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
+# any power-of-two tile size up to 256: such keys may hold NaN.
+UNREAD_FROM = 256
+
+
+def unattended_keys_poisoned(rng, B, H, n_q, n_k, D, dtype=torch.float32):
+    """q, k, v with NaN in every key from the first multiple of UNREAD_FROM past the last query."""
+    q, k, v = (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k))
+    start = math.ceil(n_q / UNREAD_FROM) * UNREAD_FROM
+    k[:, :, start:] = math.nan
+    v[:, :, start:] = math.nan
+    return q, k, v
+
+
+@pytest.mark.parametrize("n_q, n_k", [(40, 300), (1, 290), (256, 300)], ids=["nq40-nk300", "nq1-nk290", "nq256-nk300"])
+def test_causal_skips_tiles_above_the_diagonal(ex, rng, n_q, n_k):
+    """Causal tiles above the diagonal walked (loaded and masked to zero) instead of skipped: the
+    numbers would come out the same, so keys no query may attend hold NaN. Top-left causal with
+    n_q < n_k leaves every key past the last query unattended."""
+    q, k, v = unattended_keys_poisoned(rng, 1, 2, n_q, n_k, 16)
+    check(ex, q, k, v, causal=True, convention=CAUSAL,
+          nan_convention=NOT_READ + "; causal tiles wholly above the diagonal are skipped, never loaded")
 
 
 def test_large_scores_do_not_overflow(ex, rng):
@@ -192,6 +223,15 @@ def test_matches_torch_sdpa(ex, rng):
 
 def _qk(rng, n_q=5, n_k=7, D=16):
     return randn(rng, 2, 1, n_q, D), randn(rng, 2, 1, n_k, D)
+
+
+@pytest.mark.given
+@pytest.mark.skipif(DEVICE != "cpu", reason="tests the interpreter: compiled, bfloat16 works")
+def test_interpreter_refuses_bfloat16(ex, rng):
+    """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
+    q, k = _qk(rng)
+    with pytest.raises(ValueError, match="bfloat16"):
+        ex.flash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16())
 
 
 BAD_INPUTS = {  # id: (build(rng) -> kwargs for flash_attention, words the ValueError must contain)
@@ -227,6 +267,13 @@ GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
+def skip_unless_supported(dtype: str) -> torch.dtype:
+    """The torch dtype; bfloat16 skipped, with the reason, on a GPU without bfloat16 tensor cores."""
+    if DTYPES[dtype] == torch.bfloat16 and (why := bf16_missing(torch)):
+        pytest.skip(why)
+    return DTYPES[dtype]
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -235,7 +282,7 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 def test_gpu_compiled_matches_oracle(ex, rng, shape, dtype, causal):
     """Compiled-only bugs: half-precision casts, tile bounds at real block sizes, head dims 40 to 256."""
     B, H, n_q, n_k, D = shape
-    dt = DTYPES[dtype]
+    dt = skip_unless_supported(dtype)
     check(ex, randn(rng, B, H, n_q, D, dtype=dt), randn(rng, B, H, n_k, D, dtype=dt),
           randn(rng, B, H, n_k, D, dtype=dt), causal=causal, convention=CAUSAL if causal else "")
 
@@ -246,7 +293,8 @@ def test_gpu_compiled_matches_oracle(ex, rng, shape, dtype, causal):
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_autotuned_4096_tokens(ex, rng, D, causal):
     """The tuned configs (pipelined loads, 64 or 128 query rows) at the benchmark's sizes, bfloat16."""
-    q, k, v = (randn(rng, 1, 2048 // D, 4096, D, dtype=torch.bfloat16) for _ in range(3))
+    dt = skip_unless_supported("bf16")
+    q, k, v = (randn(rng, 1, 2048 // D, 4096, D, dtype=dt) for _ in range(3))
     check(ex, q, k, v, causal=causal, convention=CAUSAL if causal else "")
 
 
@@ -256,9 +304,29 @@ def test_gpu_autotuned_4096_tokens(ex, rng, D, causal):
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_gpu_kv_lens(ex, rng, dtype, causal):
     """Padding keys read or weighted at real sizes; zero-length batches give 0 and -inf."""
-    dt, n_k = DTYPES[dtype], 3000
+    dt, n_k = skip_unless_supported(dtype), 3000
     q, k, v = randn(rng, 4, 2, 2500, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt)
     kv_lens = torch.tensor([0, 1, 1500, n_k], device=DEVICE)
     pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
     check(ex, q, k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan), causal=causal, kv_lens=kv_lens,
-          convention=PADDING)
+          convention=PADDING, nan_convention=PADDING)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_causal_skips_tiles_above_the_diagonal(ex, rng, dtype):
+    """Tiles above the diagonal loaded at the compiled kernel's real tile sizes: keys 1024 and past
+    are attended by no query of 1000 and hold NaN."""
+    q, k, v = unattended_keys_poisoned(rng, 2, 3, 1000, 3000, 64, dtype=skip_unless_supported(dtype))
+    check(ex, q, k, v, causal=True, convention=CAUSAL,
+          nan_convention=NOT_READ + "; causal tiles wholly above the diagonal are skipped, never loaded")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_more_than_65535_batch_heads(ex, rng):
+    """A grid of (query blocks, B·H): CUDA's second grid axis stops at 65535 programs, and decoding
+    many sequences passes it ("invalid argument" at launch)."""
+    q, k, v = (randn(rng, 7000, 10, 16, 16, dtype=torch.float16) for _ in range(3))
+    check(ex, q, k, v, causal=True, convention="any B·H works: one program per (query block, batch·head)")

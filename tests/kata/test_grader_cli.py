@@ -18,7 +18,7 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["99"], "no exercise '99'"), (["hint", "7"], "no exercise '7'"), (["reset"], "reset which exercise"),
+    (["99"], "no exercise '99'"), (["hint", "42"], "no exercise '42'"), (["reset"], "reset which exercise"),
     (["solution"], "needs one exercise"), (["01", "02"], "one exercise at a time"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"), (["--timeout", "soon"], "invalid float"),
     (["--show", "04", "six"], "not 'six'"), (["--show", "05"], "--show draws"),

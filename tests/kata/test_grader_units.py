@@ -54,9 +54,18 @@ def test_status_rules(events, status):
 
 
 def test_a_process_killed_on_timeout_names_the_test_it_was_in():
+    """A timeout says what was too slow and where, in the words --timeout's help uses; no guessing."""
     r = result([{"event": "start", "nodeid": "tests/t.py::test_slow[nq5]"}], killed_after=60.0)
     assert r.status == "timed out" and r.failure.test == "test_slow[nq5]"
-    assert "still running after 60 s" in r.failure.message
+    assert r.failure.message.startswith("too slow: over 60 s") and "test_slow[nq5]" in r.failure.message
+    assert "endless" not in r.failure.message
+
+
+def test_a_test_over_the_per_test_limit_is_named_with_its_limit():
+    r = result([ran("test_big[n16384]", "failed", error=error("Timeout (>15.0s) from pytest-timeout.", timeout=True)),
+                FINISH])
+    assert r.failure.message.startswith("too slow: test test_big[n16384] ran over 15 s")
+    assert "endless" not in r.failure.message
 
 
 def test_the_report_of_every_status_fits_80_columns_and_30_lines():
@@ -153,3 +162,14 @@ def test_doctor_names_known_bad_combinations(versions, system, cuda, expected):
     from kata.doctor import known_problems
     texts = " | ".join(text for _, text in known_problems(versions, system, cuda))
     assert (expected in texts) if expected else texts == ""
+
+
+def test_a_gpu_torch_cannot_use_is_named_in_the_report():
+    """nvidia-smi sees a GPU but torch cannot use it: the report says so and names the fix, in full."""
+    why = ("nvidia-smi sees Tesla T4, but torch 2.13.0 is a CPU build. Fix: install a CUDA build of torch in "
+           "this environment (https://pytorch.org/get-started/locally/ gives the command)")
+    rows = [result([ran("a"), FINISH], "01"),
+            result([ran("a"), ran("b", "skipped", skip_reason=why), FINISH], "06")]
+    text = summary(rows, "exercises/")
+    assert "the GPU tests were skipped:" in text and "Fix: install a CUDA build of torch" in " ".join(text.split())
+    assert max(map(len, text.splitlines())) <= 80, text

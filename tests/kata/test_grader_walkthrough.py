@@ -7,6 +7,8 @@ import time
 
 from grader_repo import grader, make_repo, snapshot
 
+from kata.exercises import EXERCISES
+
 FILE_01 = "exercises/01_safe_softmax.py"
 
 
@@ -15,10 +17,10 @@ def solve_01(root):
 
 
 def test_a_learner_from_stubs_to_a_solution(tmp_path):
-    """Stubs -> hint -> solve 01 -> report 1 of 6 pointing at 02 -> solution unlocked -> reset keeps a backup."""
+    """Stubs -> hint -> solve 01 -> report 1 passed pointing at 02 -> solution unlocked -> reset keeps a backup."""
     root = make_repo(tmp_path, real=("01",), fake={"02": None})
     first = grader(root)
-    assert first.returncode == 1 and "0 of 6 exercises passed" in first.stdout
+    assert first.returncode == 1 and f"0 of {len(EXERCISES)} exercises passed" in first.stdout
     assert f"Next: 01 safe_softmax, softmax without overflow (not started)\n  open {FILE_01}" in first.stdout
 
     hint1, hint2 = grader(root, "hint", "01"), grader(root, "hint", "1")
@@ -31,7 +33,7 @@ def test_a_learner_from_stubs_to_a_solution(tmp_path):
 
     solve_01(root)
     solved = grader(root)
-    assert "1 of 6 exercises passed" in solved.stdout, solved.stdout
+    assert f"1 of {len(EXERCISES)} exercises passed" in solved.stdout, solved.stdout
     assert "(not started)\n  open exercises/02_online_softmax.py" in solved.stdout
     assert "python grader.py hint 02" in solved.stdout
 

@@ -23,8 +23,8 @@ def module_returning(result):
 
 def test_draw_pins_the_picture():
     """Rows are query blocks, columns key blocks; computed, masked and skipped tiles differ."""
-    assert draw(CAUSAL_3x3, 6, 6, 2, 2) == "\n".join([
-        "tile_schedule: n_q=6, n_k=6, block_q=2, block_k=2 (3 query blocks x 3 key blocks)",
+    assert draw(CAUSAL_3x3, 6, 6, 2, 2, True) == "\n".join([
+        "tile_schedule(n_q=6, n_k=6, block_q=2, block_k=2, causal=True): 3 x 3 tiles",
         "    key block j ->",
         "    0 1 2",
         "i 0 ▚▚····",
@@ -37,15 +37,15 @@ def test_draw_pins_the_picture():
 
 def test_draw_counts_ragged_blocks_and_labels_past_ten():
     """Blocks are counted with a ceiling (ragged edges); key blocks from 10 on get a tens line."""
-    picture = draw([(0, 11, False)], 3, 23, 2, 2).splitlines()
-    assert "(2 query blocks x 12 key blocks)" in picture[0]
+    picture = draw([(0, 11, False)], 3, 23, 2, 2, False).splitlines()
+    assert picture[0].endswith("causal=False): 2 x 12 tiles")
     assert picture[2].endswith("1 1") and picture[3].endswith("8 9 0 1")
     assert picture[4] == "i 0 " + "··" * 11 + "██"
 
 
 def test_draw_notes_tiles_out_of_order():
     """The picture cannot show order, so a note says when the list is out of it."""
-    picture = draw(list(reversed(CAUSAL_3x3)), 6, 6, 2, 2)
+    picture = draw(list(reversed(CAUSAL_3x3)), 6, 6, 2, 2, True)
     assert "out of order" in picture
 
 

@@ -1,7 +1,9 @@
 """The stub generator: exercises/ is made from solutions/, block by block."""
+import ast
+
 import pytest
 
-from kata.stubs import make_stub
+from kata.stubs import expected_stubs, make_stub
 
 SOLUTION = '''def f(x):
     """Doc."""
@@ -42,3 +44,20 @@ def test_malformed_markers_are_refused(broken, problem):
     with pytest.raises(ValueError, match=problem):
         make_stub(broken)
 
+
+
+def unused_imports(source: str) -> list[str]:
+    """Names a module imports and never uses."""
+    tree = ast.parse(source)
+    imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return sorted(imported - used)
+
+
+@pytest.mark.parametrize("filename", sorted(expected_stubs()))
+def test_stubs_use_every_import(filename):
+    """An import only the solution's code used: the learner's stub starts with an unused import."""
+    assert not unused_imports(expected_stubs()[filename]), (
+        f"exercises/{filename} imports {unused_imports(expected_stubs()[filename])} but never uses them: "
+        f"use them in given code, or import inside the solution block")

@@ -1,0 +1,50 @@
+"""What the GPU here can run: bfloat16 support, and an NVIDIA GPU that torch cannot use."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores arrived with Ampere (A100, RTX 30xx); a T4 is 7.5
+TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
+NO_GPU = "no CUDA GPU"
+
+
+def bf16_missing(torch) -> str | None:
+    """Why bfloat16 kernels cannot run on the current CUDA GPU, or None when they can."""
+    capability = tuple(torch.cuda.get_device_capability())
+    if capability >= BF16_CAPABILITY:
+        return None
+    return (f"bfloat16 needs a GPU of compute capability {BF16_CAPABILITY[0]}.{BF16_CAPABILITY[1]} or newer; "
+            f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}")
+
+
+def nvidia_gpus() -> list[str]:
+    """The GPUs `nvidia-smi -L` lists by name; [] without nvidia-smi, or when it fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        listing = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=15).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.split(":", 1)[1].split("(UUID")[0].strip() for line in listing.splitlines()
+            if line.startswith("GPU ") and ":" in line]
+
+
+def unusable_gpu(torch_version: str, torch_cuda: str | None, cuda_available: bool, gpus: list[str]) -> str | None:
+    """Why torch cannot use the NVIDIA GPU that nvidia-smi sees, with the fix; None when there is no
+    such GPU or torch can use it. `torch_cuda` is torch.version.cuda: None for a CPU build."""
+    if cuda_available or not gpus:
+        return None
+    if torch_cuda is None:
+        return (f"nvidia-smi sees {gpus[0]}, but torch {torch_version} is a CPU build. Fix: install a CUDA "
+                f"build of torch in this environment ({TORCH_INSTALL} gives the command)")
+    return (f"nvidia-smi sees {gpus[0]}, but torch {torch_version}, built for CUDA {torch_cuda}, cannot use it: "
+            f"the NVIDIA driver is likely older than CUDA {torch_cuda} needs. Fix: update the driver, or "
+            f"install a torch built for an older CUDA ({TORCH_INSTALL})")
+
+
+def gpu_skip_reason(torch) -> str:
+    """Why GPU-only tests are skipped here: the plain reason, or what stops torch using the GPU."""
+    why = unusable_gpu(torch.__version__, torch.version.cuda, torch.cuda.is_available(), nvidia_gpus())
+    return why or NO_GPU

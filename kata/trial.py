@@ -1,0 +1,56 @@
+"""Run one exercise's tests against another version of its file (a mutant, an alternative)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kata.exercises import ROOT, Exercise
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: str  # "passed", "failed" (a test failed), "timeout", or "error (pytest exit N)"
+    seconds: float
+    summary: str  # pytest's last line, or what went wrong
+
+
+def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bool = False,
+              fresh_seeds: bool = False) -> Outcome:
+    """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("KATA_SEED", None)
+    env.pop("KATA_TARGET", None)
+    if fresh_seeds:
+        env["KATA_FRESH_SEEDS"] = "1"
+    else:
+        env.pop("KATA_FRESH_SEEDS", None)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kata-trial-") as tmp:
+        # Each exercise file is self-contained and its tests load it alone.
+        Path(tmp, exercise.filename).write_text(source, encoding="utf-8")
+        cmd = [sys.executable, "-m", "pytest", str(exercise.test_file), "--target", tmp, "-q",
+               "-p", "no:cacheprovider"] + (["-x"] if first_failure else [])
+        try:
+            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Outcome("timeout", time.perf_counter() - start, f"still running after {timeout:.0f} s")
+    lines = done.stdout.strip().splitlines()
+    summary = lines[-1] if lines else done.stderr.strip()[-300:]
+    # pytest exits 1 for failed tests and for errors alike; only a failed test counts as "failed".
+    if done.returncode == 0:
+        verdict = "passed"
+    elif done.returncode == 1 and " failed" in summary:
+        verdict = "failed"
+    else:
+        verdict = f"error (pytest exit {done.returncode})"
+    return Outcome(verdict, time.perf_counter() - start, summary)
+
+
+def fresh_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """The arguments without --fresh-seeds, and whether it was given."""
+    return [a for a in argv if a != "--fresh-seeds"], "--fresh-seeds" in argv

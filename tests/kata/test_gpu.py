@@ -1,0 +1,84 @@
+"""GPUs the kata cannot fully use, faked: no bfloat16 (compute capability < 8.0), and an NVIDIA GPU
+that torch cannot use (a CPU build of torch, or a driver too old for its CUDA)."""
+import importlib
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+
+from kata import bench, doctor, gpu
+from kata.exercises import SOLUTIONS_DIR
+
+T4 = "Tesla T4"
+
+
+def fake_torch(capability=(7, 5), available=True, cuda="12.4"):
+    return SimpleNamespace(__version__="2.13.0", version=SimpleNamespace(cuda=cuda), cuda=SimpleNamespace(
+        is_available=lambda: available, get_device_capability=lambda *a: capability,
+        get_device_name=lambda *a: T4))
+
+
+def fake_nvidia_smi(tmp_path, monkeypatch, listing=f"GPU 0: {T4} (UUID: GPU-1234)\n"):
+    """An `nvidia-smi` first on PATH that lists one GPU."""
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\nprintf '{listing}'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_bf16_needs_compute_capability_8():
+    """A T4 (7.5) has no bfloat16 tensor cores: named with its capability; an A100 (8.0) has them."""
+    assert gpu.bf16_missing(fake_torch((7, 5))) == (
+        "bfloat16 needs a GPU of compute capability 8.0 or newer; Tesla T4 is 7.5")
+    assert gpu.bf16_missing(fake_torch((8, 0))) is None
+
+
+def test_06_skips_bf16_cases_with_the_reason(monkeypatch):
+    """On a T4 the bf16 cases of 06 are skipped with the reason, not failed at compile time."""
+    test_06 = importlib.import_module("test_06_triton_kernel")
+    monkeypatch.setattr(test_06.torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(test_06.torch.cuda, "get_device_name", lambda *a: T4)
+    with pytest.raises(pytest.skip.Exception, match="compute capability 8.0 or newer; Tesla T4 is 7.5"):
+        test_06.skip_unless_supported("bf16")
+    assert test_06.skip_unless_supported("f16") == test_06.torch.float16
+
+
+def test_bench_skips_every_bf16_cell_with_the_reason(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: T4)
+    assert bench.main(SOLUTIONS_DIR, ["--no-plot"]) == 2
+    out = capsys.readouterr().out
+    assert "all are skipped: bfloat16 needs a GPU of compute capability 8.0" in out and "Nothing was measured" in out
+
+
+def test_nvidia_smi_listing_is_read(tmp_path, monkeypatch):
+    fake_nvidia_smi(tmp_path, monkeypatch, f"GPU 0: {T4} (UUID: GPU-1)\\nGPU 1: NVIDIA A100 (UUID: GPU-2)\\n")
+    assert gpu.nvidia_gpus() == [T4, "NVIDIA A100"]
+
+
+@pytest.mark.parametrize("torch_cuda, words", [(None, "is a CPU build. Fix: install a CUDA build"),
+                                               ("12.8", "built for CUDA 12.8, cannot use it: the NVIDIA driver")],
+                         ids=["cpu-build", "old-driver"])
+def test_a_gpu_torch_cannot_use_is_named_with_the_fix(tmp_path, monkeypatch, torch_cuda, words):
+    """nvidia-smi sees a GPU, torch does not: 40 GPU tests silently skipped, unless the reason says why."""
+    fake_nvidia_smi(tmp_path, monkeypatch)
+    reason = gpu.gpu_skip_reason(fake_torch(available=False, cuda=torch_cuda))
+    assert reason.startswith(f"nvidia-smi sees {T4}, but torch 2.13.0") and words in reason
+    problems = doctor.known_problems({"numpy": "2.4", "torch": "2.13.0", "triton": "3.9"}, "Linux", False,
+                                     probe={"cuda": False, "torch_cuda": torch_cuda}, gpus=gpu.nvidia_gpus())
+    assert ("problem", reason + "; until then exercise 06's GPU tests are skipped") in problems
+
+
+def test_no_gpu_or_a_working_one_is_no_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi at all
+    assert gpu.gpu_skip_reason(fake_torch(available=False, cuda=None)) == "no CUDA GPU"
+    assert gpu.unusable_gpu("2.13.0", "12.8", True, [T4]) is None
+
+
+def test_doctor_notes_a_gpu_without_bf16():
+    problems = doctor.known_problems({"numpy": "2.4", "torch": "2.13.0", "triton": "3.9"}, "Linux", True,
+                                     probe={"cuda": True, "bf16_missing": gpu.bf16_missing(fake_torch())})
+    assert any(kind == "note" and "bfloat16 tests and the benchmark" in text for kind, text in problems)

@@ -1,0 +1,31 @@
+"""Verdicts as a learner reads them: the failed check comes first, and the same code gets the same counts."""
+import json
+import subprocess
+import sys
+
+from kata.exercises import ROOT, find
+from kata.mutants import load_mutants
+
+
+def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:
+    """`python grader.py NN --target DIR` on the named mutant of exercise NN."""
+    exercise = find(number)
+    source = next(m for m in load_mutants(exercise) if m.name == mutant).source()
+    (tmp_path / exercise.filename).write_text(source, encoding="utf-8")
+    return subprocess.run([sys.executable, "grader.py", number, "--target", str(tmp_path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_modified_input_is_named_before_any_expected_value(tmp_path):
+    """`x -= m` in safe_softmax: an oracle computed from the modified x would show a false expected value."""
+    out = graded(tmp_path, "01", "shift_in_place").stdout
+    first = out.split("FAILED ", 1)[1]
+    assert first.splitlines()[1].endswith("x was modified in place"), out
+    assert "expected:" not in first.split("\n\n")[0], out
+
+
+def test_the_same_wrong_solution_gets_the_same_counts_every_run(tmp_path):
+    """Inputs drawn from a seed fixed per test: a wrong 02 passes the same tests on every run."""
+    counts = {json.loads(graded(tmp_path, "02", "l_not_rescaled", "--json").stdout)["exercises"][0]["passed"]
+              for _ in range(3)}
+    assert len(counts) == 1, f"passed counts differ between runs: {sorted(counts)}"
