@@ -10,7 +10,7 @@ from kata.progress import Progress
 from kata.results import ExerciseResult, display_path
 from kata.runner import run_exercise, run_many
 
-IO_EXERCISE = "05"  # once it passes, the report shows its IO table
+IO_EXERCISE = ("05", "08")  # forward, backward: once each passes, the report shows its IO table
 
 
 def label(target: Path) -> str:
@@ -83,9 +83,15 @@ def run_bench(target: Path, argv: list[str]) -> int:
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:
-    """After 05 passes: how much the fused algorithm saves, from the learner's own code."""
-    if any(r.ok and r.exercise.number == IO_EXERCISE for r in results):
-        print("\n" + io_report.table(load(find(IO_EXERCISE), target)))
+    """After 05 passes: how much the fused forward saves; after 08, forward + backward. From the
+    learner's own code."""
+    forward, backward = IO_EXERCISE
+    ok = {r.exercise.number: r.ok for r in results}
+    if ok.get(forward):
+        print("\n" + io_report.table(load(find(forward), target)))
+    if ok.get(backward) and ok.get(forward, True):  # `grader.py 08` alone: 05's closed forms are tried as they are
+        print("\n" + io_report.training_table(lambda: load(find(forward), target),
+                                              lambda: load(find(backward), target)))
 
 
 def _ticker(result: ExerciseResult) -> None:

@@ -1,7 +1,8 @@
-"""The IO table printed once exercise 05 passes: the learner's closed forms at real sizes, beside the paper."""
+"""The IO tables printed once exercises 05 and 08 pass: the learner's closed forms at real sizes, beside the paper."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Callable
 
 from tabulate import tabulate
 
@@ -19,8 +20,8 @@ and writes, 9.2x, for this model on an A100, forward AND backward (Dao et al.
 SCOPE = """\
 What this model counts: the forward pass of one head, as elements moved between
   HBM and SRAM: Q, K, V, O and L, plus S and P for standard attention.
-What it leaves out: the backward pass (standard attention reads S and P again
-  and writes dS and dP; FlashAttention recomputes S and P from Q, K, V and L),
+What it leaves out: the backward pass (exercise 08: standard attention reads P,
+  dP and dS and writes dP and dS; FlashAttention recomputes P from Q, K and L),
   extra passes over S for masking, scaling and dropout, wider softmax dtypes,
   and caches (an L2 hit still counts as HBM traffic)."""
 
@@ -30,8 +31,9 @@ def _io(module: ModuleType, name: str, n: int, causal: bool = False) -> tuple[in
     return int(reads), int(writes)
 
 
-def _gb(counts: tuple[int, int]) -> str:
-    return f"{sum(counts) * BYTES_FP16 * HEADS * BATCH / GB:.1f} GB"
+def _gb(elements: int) -> str:
+    """Elements moved by one head, as GB moved by the whole GPT-2 medium layer."""
+    return f"{elements * BYTES_FP16 * HEADS * BATCH / GB:.1f} GB"
 
 
 def table(module: ModuleType) -> str:
@@ -55,9 +57,58 @@ def table(module: ModuleType) -> str:
         "per query block, n²·2d/block_q elements: more SRAM, larger blocks, less traffic.",
         "",
         f"GPT-2 medium forward ({HEADS} heads, batch {BATCH}, n = {N_GPT2}, d = {D}, fp16, GB = 1e9 B):",
-        f"  standard {_gb(std)}, FlashAttention {_gb(flash)}, {sum(std) / sum(flash):.1f}x "
-        f"({_gb(causal)} causal, as GPT-2 is).",
+        f"  standard {_gb(sum(std))}, FlashAttention {_gb(sum(flash))}, {sum(std) / sum(flash):.1f}x "
+        f"({_gb(sum(causal))} causal, as GPT-2 is).",
         PAPER,
         "",
         SCOPE,
+    ])
+
+
+BACKWARD_SCOPE = """\
+What the model leaves out. Standard: the extra passes over S and P for the
+  mask, the scale and dropout (PyTorch runs each as a kernel of its own: the
+  paper's Figure 1), and the dropout mask kept for the backward.
+FlashAttention: the paper's kernels use other block sizes and loop orders
+  (Algorithms 1 and 4: key blocks outside, Q, O, dO, dQ re-read per key block).
+Both: the L2 cache (a re-read that hits it counts here as HBM traffic, and
+  FlashAttention re-reads the most), and L and D stored in fp32, counted here
+  at 2 bytes like the rest."""
+
+
+GPT2_ROWS = [("forward", ("forward",), False), ("backward", ("backward",), False),
+             ("forward + backward", ("forward", "backward"), False),
+             ("forward + backward, causal", ("forward", "backward"), True)]
+
+
+def training_table(forward: Callable[[], ModuleType], backward: Callable[[], ModuleType]) -> str:
+    """Forward + backward IO for the paper's Figure 2 setting, from 05's and 08's closed forms
+    (`forward` and `backward` load the two modules)."""
+    try:
+        modules = {"forward": forward(), "backward": backward()}
+        rows = []
+        for n in SIZES:
+            std, flash = (_io(modules["backward"], f"{a}_backward_io", n) for a in ("standard", "flash"))
+            rows.append([n, *std, *flash, f"{sum(std) / sum(flash):.2f}x"])
+        gpt2 = []
+        for label, passes, causal in GPT2_ROWS:
+            std, flash = (sum(sum(_io(modules[p], f"{a}_{'attention' if p == 'forward' else 'backward'}_io",
+                                      N_GPT2, causal)) for p in passes) for a in ("standard", "flash"))
+            gpt2.append([label, _gb(std), _gb(flash), f"{std / flash:.1f}x"])
+    except Exception as error:  # the learner's code: any failure means no table, not a crash
+        return (f"Forward + backward IO table skipped: {type(error).__name__}: {error}\n(it is computed "
+                f"with 05's standard_attention_io, flash_attention_io and 08's standard_backward_io, "
+                f"flash_backward_io)")
+    gpt2.append(["paper, measured (A100)", "40.3 GB", "4.4 GB", f"{40.3 / 4.4:.1f}x"])
+    headers = ["n", "std reads", "std writes", "flash reads", "flash writes", "std/flash"]
+    return "\n".join([
+        f"Backward: elements moved by one head, d = {D}, block_q = block_k = {BLOCK},",
+        "non-causal (from your standard_backward_io and flash_backward_io):",
+        tabulate(rows, headers, intfmt=",", colalign=("right",) * len(headers)),
+        "",
+        f"GPT-2 medium ({HEADS} heads, batch {BATCH}, n = {N_GPT2}, d = {D}, fp16): HBM reads + writes",
+        "in GB (1e9 B), from your 05 and 08 closed forms, beside the paper's Figure 2:",
+        tabulate(gpt2, ["", "standard", "FlashAttention", "std/flash"], colalign=("left", "right", "right", "right")),
+        "",
+        BACKWARD_SCOPE,
     ])

@@ -1,8 +1,17 @@
-"""Tests for kata/io_report.py, the IO table the grader prints once exercise 05 passes."""
+"""Tests for kata/io_report.py, the IO tables the grader prints once exercises 05 and 08 pass."""
 from types import SimpleNamespace
 
+import pytest
+
+from kata import commands
 from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.io_report import table
+from kata.io_report import table, training_table
+
+WIDTH = 80  # a terminal's columns
+
+
+def solved(number):
+    return lambda: load(find(number), SOLUTIONS_DIR)
 
 
 def test_table_uses_the_closed_forms_and_names_the_paper():
@@ -16,6 +25,31 @@ def test_table_uses_the_closed_forms_and_names_the_paper():
     assert "standard 11.0 GB, FlashAttention 2.4 GB, 4.6x (1.5 GB causal" in text
     assert "40.3 GB" in text and "4.4 GB" in text and "forward AND backward" in text
     assert "block_q = block_k = 128" in text and "leaves out: the backward pass" in text
+    # Algorithm 3 reads P, dP and dS; S is gone by then.
+    assert "reads P,\n  dP and dS and writes dP and dS" in text and "S and P again" not in text
+    assert max(map(len, text.splitlines())) <= WIDTH
+
+
+def test_training_table_adds_the_backward_from_the_closed_forms():
+    """Backward counts from 08's solution, GPT-2 medium forward + backward from 05's and 08's, beside
+    the paper's 40.3 GB and 4.4 GB, in 80 columns."""
+    text = training_table(solved("05"), solved("08"))
+    # n = 1024, T_r = T_c = 8: standard reads 5n² + nd + 2·T_r·nd + 2·T_c·nd, writes 2n² + 3nd;
+    # flash reads 4nd + T_c·(3nd + 2n), writes n + T_c·nd + 2nd.
+    assert "7,405,568" in text and "2,293,760" in text and "1,851,392" in text and "656,384" in text
+    # n = 16384, T = 128: standard reads 5·2^28 + 2^20 + 4·128·2^20.
+    assert "1,880,096,768" in text
+    # One head's elements x 2 bytes x 16 heads x batch 64 (GB = 1e9 B): 5,373,952 + 9,699,328 for
+    # standard, 1,180,672 + 2,507,776 for flash; causal flash 721,920 + 1,583,104 (R = 4608 rows).
+    rows = {line[:26].strip(): line[26:].split() for line in text.splitlines()}
+    assert rows["forward"] == ["11.0", "GB", "2.4", "GB", "4.6x"]
+    assert rows["backward"] == ["19.9", "GB", "5.1", "GB", "3.9x"]
+    assert rows["forward + backward"] == ["30.9", "GB", "7.6", "GB", "4.1x"]
+    assert rows["forward + backward, causal"] == ["30.9", "GB", "4.7", "GB", "6.5x"]
+    assert rows["paper, measured (A100)"] == ["40.3", "GB", "4.4", "GB", "9.2x"]
+    for words in ("dropout", "mask", "L2 cache", "Figure 2", "block_q = block_k = 128"):
+        assert words in text
+    assert max(map(len, text.splitlines())) <= WIDTH
 
 
 def test_table_reports_a_closed_form_that_raises():
@@ -28,3 +62,36 @@ def test_table_reports_a_closed_form_that_raises():
     text = table(module)
     assert text.startswith("IO table skipped: your closed forms raised NotImplementedError: flash_attention_io")
     assert "\n" in text and "Traceback" not in text
+
+
+def test_training_table_reports_an_unfinished_05_or_a_missing_file():
+    """`grader.py 08` alone loads 05 as it is: a stub or a missing file gives a reason, not a crash."""
+    def stub(*args, **kwargs):
+        raise NotImplementedError("flash_attention_io: replace this line with your code")
+
+    def unfinished():
+        return SimpleNamespace(standard_attention_io=lambda *args, **kwargs: (1, 1), flash_attention_io=stub)
+
+    def missing():
+        raise FileNotFoundError("05_io_counting.py is missing")
+
+    for forward, reason in ((unfinished, "NotImplementedError: flash_attention_io"),
+                            (missing, "FileNotFoundError: 05_io_counting.py is missing")):
+        text = training_table(forward, solved("08"))
+        assert text.startswith(f"Forward + backward IO table skipped: {reason}"), text
+        assert "Traceback" not in text and len(text.splitlines()) == 2
+
+
+@pytest.mark.parametrize("outcomes, tables", [
+    ({"05": True}, ["Elements moved by one head, forward"]),
+    ({"08": True}, ["Backward: elements moved"]),  # `grader.py 08`: 05 not run
+    ({"05": True, "08": True}, ["Elements moved by one head, forward", "Backward: elements moved"]),
+    ({"05": False, "08": True}, []),  # 05's closed forms are not to be trusted yet
+    ({"05": True, "08": False}, ["Elements moved by one head, forward"]),
+], ids=["05", "08-alone", "both", "05-failing", "08-failing"])
+def test_grader_prints_the_tables_of_the_exercises_passed(capsys, outcomes, tables):
+    """The backward table shown while 05 fails, or the forward one lost once 08 passes."""
+    results = [SimpleNamespace(ok=ok, exercise=find(number)) for number, ok in outcomes.items()]
+    commands._io_table(results, SOLUTIONS_DIR)
+    out = capsys.readouterr().out
+    assert [t for t in ("Elements moved by one head, forward", "Backward: elements moved") if t in out] == tables

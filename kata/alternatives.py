@@ -1,0 +1,73 @@
+"""Prove the tests are fair: every correct solution written in another style must pass, in time.
+
+An alternative is a complete exercise file in alternatives/NN_name/, solved differently from
+solutions/ (a loop where the solution is vectorised, another loop order the lesson allows, a
+conversion at the top, ...). Its docstring's first line says how it differs.
+
+    python -m kata.alternatives                  # every exercise
+    python -m kata.alternatives 02 03            # some
+    python -m kata.alternatives --fresh-seeds    # on new random inputs
+
+Each must pass its exercise's tests within a third of the time the grader gives the exercise, so
+that a learner's correct solution on a slower machine is never reported as too slow.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kata.exercises import EXERCISES, ROOT, Exercise, find
+from kata.runner import DEFAULT_TIMEOUT, timeout_for
+from kata.trial import fresh_flag, run_tests
+
+ALTERNATIVES_DIR = ROOT / "alternatives"
+
+
+@dataclass(frozen=True)
+class Alternative:
+    exercise: Exercise
+    path: Path
+
+    @property
+    def style(self) -> str:
+        doc = ast.get_docstring(ast.parse(self.path.read_text(encoding="utf-8"))) or ""
+        return doc.splitlines()[0] if doc else "(no docstring)"
+
+    @property
+    def budget(self) -> float:
+        return timeout_for(self.exercise, DEFAULT_TIMEOUT) / 3
+
+
+def load_alternatives(exercise: Exercise) -> list[Alternative]:
+    folder = ALTERNATIVES_DIR / exercise.stem
+    return [Alternative(exercise, path) for path in sorted(folder.glob("*.py"))]
+
+
+def main(argv: list[str]) -> int:
+    argv, fresh = fresh_flag(argv)
+    exercises = [find(a) for a in argv] if argv else EXERCISES
+    alternatives = [alt for ex in exercises for alt in load_alternatives(ex)]
+
+    def run(alt: Alternative):
+        return alt, run_tests(alt.exercise, alt.path.read_text(encoding="utf-8"), alt.budget, fresh_seeds=fresh)
+
+    rejected = 0
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for alt, outcome in pool.map(run, alternatives):
+            ok = outcome.verdict == "passed" and outcome.seconds <= alt.budget
+            rejected += not ok
+            verdict = "accepted" if ok else f"REJECTED ({outcome.verdict}: {outcome.summary})"
+            print(f"{alt.exercise.number} {alt.path.stem:<28} {verdict:<10} {outcome.seconds:5.1f}s "
+                  f"of {alt.budget:.0f}  {alt.style}", flush=True)
+    accepted = len(alternatives) - rejected
+    print(f"alternatives: {accepted} of {len(alternatives)} accepted" + (f", {rejected} rejected" if rejected else "")
+          + (" (fresh seeds)" if fresh else ""))
+    return 1 if rejected or not alternatives else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
