@@ -1,9 +1,10 @@
-"""The kata's own files: every exercise has its solution, stub, test file, hints and mutants."""
+"""The kata's own files: every exercise has its solution, stub, test file, hints, mutants and alternatives."""
 import re
 
 import pytest
 
 from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR
+from kata.alternatives import load_alternatives
 from kata.hints import sections
 from kata.mutants import load_mutants
 
@@ -27,9 +28,18 @@ def test_hints_go_from_a_nudge_to_nearly_the_answer_in_three_to_five_steps(ex):
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.stem)
-def test_every_exercise_has_at_least_six_mutants_that_apply(ex):
+def test_every_exercise_has_at_least_eight_mutants_that_apply(ex):
     """Too few deliberately broken solutions to prove the tests bite, or one gone stale."""
     mutants = load_mutants(ex)
-    assert len(mutants) >= 6, f"{ex.stem}: {len(mutants)} mutants, expected at least 6"
+    assert len(mutants) >= 8, f"{ex.stem}: {len(mutants)} mutants, expected at least 8"
     for mutant in mutants:
         mutant.source()  # raises when its text no longer occurs once in the solution
+
+
+@pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.stem)
+def test_every_exercise_has_three_alternatives_that_say_how_they_differ(ex):
+    """Too few correct solutions in other styles to prove the tests accept them, or one unexplained."""
+    alternatives = load_alternatives(ex)
+    assert len(alternatives) >= 3, f"{ex.stem}: {len(alternatives)} alternatives, expected at least 3"
+    for alt in alternatives:
+        assert alt.style.startswith("Alternative: "), f"{alt.path}: its docstring must open with 'Alternative: '"
