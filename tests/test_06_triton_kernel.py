@@ -194,7 +194,7 @@ def unattended_keys_poisoned(rng, B, H, n_q, n_k, D, dtype=torch.float32):
     return q, k, v
 
 
-@pytest.mark.parametrize("n_q, n_k", [(40, 300), (1, 290), (256, 300)], ids=["nq40-nk300", "nq1-nk290", "nq256-nk300"])
+@pytest.mark.parametrize("n_q, n_k", [(40, 300), (1, 290)], ids=["nq40-nk300", "nq1-nk290"])
 def test_causal_skips_tiles_above_the_diagonal(ex, rng, n_q, n_k):
     """Causal tiles above the diagonal walked (loaded and masked to zero) instead of skipped: the
     numbers would come out the same, so keys no query may attend hold NaN. Top-left causal with
