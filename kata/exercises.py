@@ -47,6 +47,7 @@ EXERCISES = [
     Exercise("05", "io_counting", "count every element moved between HBM and SRAM"),
     Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True),
     Exercise("08", "backward_io", "what recomputation saves"),
+    Exercise("11", "ring_attention", "attention across processes"),
 ]
 
 
