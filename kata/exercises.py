@@ -46,6 +46,7 @@ EXERCISES = [
     Exercise("04", "tiled_attention", "attention one tile at a time"),
     Exercise("05", "io_counting", "count every element moved between HBM and SRAM"),
     Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True),
+    Exercise("07", "attention_backward", "the backward pass, recomputed tile by tile"),
     Exercise("08", "backward_io", "what recomputation saves"),
     Exercise("11", "ring_attention", "attention across processes"),
 ]

@@ -1,0 +1,175 @@
+"""Exercise 07 — the backward pass, recomputed tile by tile.
+
+The idea
+    Training needs dQ, dK, dV from dO, the gradient of the loss with respect to the output. Standard
+    attention keeps P (n_q × n_k) from the forward for this: n² numbers per head stored, written to
+    HBM and read back (at n = 8192, 64 Mi numbers, 128 MiB in fp16, per head). The forward of
+    exercise 04 kept only o and lse, and any tile of P comes back from lse alone:
+    P_ij = exp(S_ij − lse_i) with S_ij = scale · Q_i K_jᵀ. Recomputing costs one more matmul per
+    tile, FLOPs a GPU has to spare; storing costs n² memory and HBM traffic, which it has not.
+
+The five formulas (S = scale · Q Kᵀ, P = softmax(S) row by row, O = P V)
+    dV = Pᵀ dO              O = P V: value j gathers every dO row, weighed by its column of P
+    dP = dO Vᵀ              the same product, differentiated in its other factor
+    dS = P ∘ (dP − D)       softmax's Jacobian, one row at a time: ∂p_j/∂s_k = p_j (δ_jk − p_k), so
+                            ds_k = Σ_j dp_j p_j (δ_jk − p_k) = p_k (dp_k − D), D = Σ_j p_j dp_j
+    dQ = scale · dS K       S = scale · Q Kᵀ, differentiated in Q
+    dK = scale · dSᵀ Q      and in K
+
+D needs no P
+    D_i = Σ_j P_ij dP_ij = Σ_j P_ij (dO_i · v_j) = dO_i · Σ_j P_ij v_j = dO_i · O_i.
+    So D = rowsum(dO ∘ O): n_q·d_v products of two arrays at hand. softmax_backward sums p ∘ dp
+    along a whole row; a tile holds only part of a row, so the tiled pass needs this form of D.
+
+The loop order (FlashAttention-2)
+    D = rowsum(dO ∘ O), once.
+    for each key block j:                      read K_j, V_j once; dK_j = dV_j = 0, on chip
+        for each query block i the schedule pairs with j:
+            S = scale · Q_i K_jᵀ (masked if needs_mask),   P = exp(S − lse_i)
+            dV_j += Pᵀ dO_i,   dP = dO_i V_jᵀ,   dS = P ∘ (dP − D_i)
+            dQ_i += scale · dS K_j             (dQ_i lives in HBM: read, added to, written back)
+            dK_j += scale · dSᵀ Q_i
+        write dK_j, dV_j once.
+    dK_j and dV_j sum over query blocks, so with key blocks outside they never leave the chip;
+    dQ_i sums over key blocks and is added to in HBM (on a GPU: atomics, or exercise 09's split).
+
+In the paper
+    FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B: eq. (4) shows D_i = do_iᵀ o_i.
+    Its backward, Algorithm 4, has this loop order too (key blocks outside), but rebuilds P from
+    the max m and the sum ℓ kept apart, P_ij = diag(ℓ_i)⁻¹ exp(S_ij − m_i), and computes
+    D_i = rowsum(dO_i ∘ O_i) inside the inner loop, once per tile (line 19). FlashAttention-2
+    (Dao, 2023, arXiv 2307.08691), Algorithm 2, keeps only L = m + log(ℓ) (our lse), computes D
+    once before the loops and rebuilds P_ij = exp(S_ij − L_i). Here: Algorithm 2, scale included.
+
+Conventions
+    - P is 0 where a pair may not attend (exercise 04's tile_schedule and tile_allowed, given
+      below); the mask is applied only on needs_mask tiles.
+    - A fully masked row has lse = −inf and only −inf scores: subtract 0 instead (as in exercise
+      04), so its P row is 0, its dq row 0, and it adds nothing to dk and dv.
+    - float32 in gives float32 out; inputs are never modified; the tiled pass never creates an
+      array of n_q × n_k elements.
+
+Worked example (one query, two keys, d = d_v = 1, so scale = 1)
+    q = [1], k = [0, ln 3], v = [1, 5], do = [2]: S = [0, ln 3], P = [1/4, 3/4], lse = ln 4, o = 4.
+    dV = [1/2, 3/2];  dP = [2, 10];  D = dO·O = 8 = rowsum(P ∘ dP) = 1/2 + 15/2;
+    dS = [−3/2, 3/2] (a row of dS sums to 0);  dQ = dS K = (3/2) ln 3;  dK = dSᵀ Q = [−3/2, 3/2].
+"""
+import math
+
+import numpy as np
+
+
+def block_slice(index: int, block: int, n: int) -> slice:
+    """The rows of block `index` when n rows are cut into blocks of `block`; the last may be shorter (given)."""
+    return slice(index * block, min((index + 1) * block, n))
+
+
+def tile_allowed(rows: slice, cols: slice, causal: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    """Which pairs of one tile may attend: bool (rows, cols), the mask AND (if causal) key <= query (given)."""
+    shape = (rows.stop - rows.start, cols.stop - cols.start)
+    allowed = np.ones(shape, dtype=bool) if mask is None else mask[rows, cols]
+    if causal:
+        i, j = np.arange(rows.start, rows.stop), np.arange(cols.start, cols.stop)
+        allowed = allowed & (j[None, :] <= i[:, None])
+    return allowed
+
+
+def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool = False,
+                  mask: np.ndarray | None = None) -> list[tuple[int, int, bool]]:
+    """Exercise 04's schedule (given): the tiles (i, j, needs_mask) where some pair may attend,
+    query block i ascending, then key block j; needs_mask is True iff some pair may not."""
+    schedule = []
+    for i in range(math.ceil(n_q / block_q)):
+        rows = block_slice(i, block_q, n_q)
+        for j in range(math.ceil(n_k / block_k)):
+            allowed = tile_allowed(rows, block_slice(j, block_k, n_k), causal, mask)
+            if allowed.any():
+                schedule.append((i, j, not allowed.all()))
+    return schedule
+
+
+def softmax_backward(p: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """ds = p ∘ (dp − rowsum(p ∘ dp)), rows on the last axis: the gradient through p = softmax(s).
+
+    p and dp have one shape (any number of leading axes); ds has it too, in the dtype of p.
+    """
+    # TODO: one number per row, D = sum of p ∘ dp along the last axis; then p ∘ (dp − D).
+    # BEGIN SOLUTION
+    return p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    # END SOLUTION
+
+
+def recompute_weights(s: np.ndarray, lse: np.ndarray) -> np.ndarray:
+    """P = exp(s − lse) row by row: the forward's weights, rebuilt from its log-sum-exp.
+
+    s (rows, cols) holds −inf where a pair may not attend; lse (rows,). A fully masked row
+    (lse = −inf, every score −inf) gives a row of 0, not NaN.
+    """
+    # TODO: subtract lse from each row of s, but 0 on rows where lse is -inf; then exp.
+    # BEGIN SOLUTION
+    # -inf - (-inf) is NaN; a fully masked row has only -inf scores, and exp(-inf - 0) = 0.
+    shift = np.where(np.isneginf(lse), 0, lse)
+    return np.exp(s - shift[:, None])
+    # END SOLUTION
+
+
+def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                       do: np.ndarray, causal: bool = False, mask: np.ndarray | None = None,
+                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The five formulas on whole matrices: your own small oracle for the tiled pass.
+
+    q (n_q, d), k (n_k, d), v (n_k, d_v); o (n_q, d_v) and lse (n_q,) from the forward; do (n_q, d_v);
+    mask (n_q, n_k) bool or None; scale defaults to 1/sqrt(d). Returns dq, dk, dv shaped like q, k, v.
+    """
+    # TODO: S (−inf where tile_allowed over the whole grid is False), P from lse, then
+    #       dV, dP, D = rowsum(dO ∘ O), dS, dQ and dK.
+    # BEGIN SOLUTION
+    n_q, n_k = q.shape[0], k.shape[0]
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    s = np.where(tile_allowed(slice(0, n_q), slice(0, n_k), causal, mask), scale * (q @ k.T), -np.inf)
+    p = recompute_weights(s, lse)
+    dv = p.T @ do
+    dp = do @ v.T
+    ds = p * (dp - (do * o).sum(axis=1, keepdims=True))
+    return scale * (ds @ k), scale * (ds.T @ q), dv
+    # END SOLUTION
+
+
+def tiled_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                             do: np.ndarray, block_q: int, block_k: int, causal: bool = False,
+                             mask: np.ndarray | None = None,
+                             scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same gradients, one scheduled tile at a time, in FlashAttention-2's order.
+
+    Shapes as in attention_backward. For each key block j (ascending), dK_j and dV_j gather the
+    tiles of every query block the schedule pairs with j; dq gathers over key blocks. Rows of Q, K,
+    V, O and dO in no scheduled tile are never used; no array of n_q × n_k elements is made.
+    """
+    # TODO: D = rowsum(dO ∘ O); group tile_schedule's tiles by key block; for each key block keep
+    #       dK_j, dV_j, and for each of its tiles rebuild P (mask only if needs_mask) and add in.
+    # BEGIN SOLUTION
+    n_q, n_k = q.shape[0], k.shape[0]
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    d_rows = (do * o).sum(axis=1)  # D = rowsum(dO ∘ O) = rowsum(P ∘ dP), with no P in sight
+    tiles_of = {}  # key block j -> its tiles (i, needs_mask), i ascending
+    for i, j, needs_mask in tile_schedule(n_q, n_k, block_q, block_k, causal, mask):
+        tiles_of.setdefault(j, []).append((i, needs_mask))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for j, tiles in sorted(tiles_of.items()):
+        cols = block_slice(j, block_k, n_k)
+        k_j, v_j = k[cols], v[cols]
+        # dK_j and dV_j sum over query blocks: they stay "on chip" until the last tile of j.
+        dk_j, dv_j = np.zeros_like(k_j), np.zeros_like(v_j)
+        for i, needs_mask in tiles:
+            rows = block_slice(i, block_q, n_q)
+            s = scale * (q[rows] @ k_j.T)
+            if needs_mask:
+                s = np.where(tile_allowed(rows, cols, causal, mask), s, -np.inf)
+            p = recompute_weights(s, lse[rows])
+            dv_j += p.T @ do[rows]
+            ds = p * (do[rows] @ v_j.T - d_rows[rows, None])
+            dq[rows] += scale * (ds @ k_j)
+            dk_j += scale * (ds.T @ q[rows])
+        dk[cols], dv[cols] = dk_j, dv_j
+    return dq, dk, dv
+    # END SOLUTION
