@@ -1,6 +1,6 @@
 """Temporary copies of the kata for the grader's tests: the real CLI runs there, never in the checkout.
 
-A copy holds the grader (grader.py, kata/, pytest.ini, tests/conftest.py, tests/oracles.py) and
+A copy holds the grader (grader.py, kata/, pytest.ini, tests/conftest.py and the tests' oracles) and
 only the exercises a test asks for: the real 01, or small made-up exercises whose learner file is
 whatever the test needs (a syntax error, an endless loop, ...). Exercises 02-06 of the checkout are
 never needed.
@@ -56,8 +56,9 @@ def make_repo(root: Path, real: tuple[str, ...] = ("01",), fake: dict[str, str |
     shutil.copytree(ROOT / "kata", root / "kata", ignore=IGNORE)
     for folder in ("exercises", "solutions", "tests", "hints"):
         (root / folder).mkdir()
-    shutil.copy2(ROOT / "tests" / "conftest.py", root / "tests" / "conftest.py")
-    shutil.copy2(ROOT / "tests" / "oracles.py", root / "tests" / "oracles.py")  # the exercise tests import it
+    for helper in (ROOT / "tests").glob("*.py"):  # conftest.py, and the oracles the exercise tests import
+        if not helper.name.startswith("test_"):
+            shutil.copy2(helper, root / "tests" / helper.name)
     for ex in EXERCISES:
         if ex.number in real:
             for folder, name in [("exercises", ex.filename), ("solutions", ex.filename),
