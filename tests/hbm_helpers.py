@@ -14,8 +14,11 @@ from kata.hbm import HBM, CapacityError
 from oracles import TOL
 
 
-def call_counted(function, hbm: HBM, what: str, *args, **kwargs) -> None:
-    """function(hbm, *args, **kwargs) with hbm.array raising: every value must come from hbm.read."""
+def call_counted(function, hbm: HBM, what: str, *args, fits: str = "", **kwargs) -> None:
+    """function(hbm, *args, **kwargs) with hbm.array raising: every value must come from hbm.read.
+
+    `fits` says what the SRAM's capacity was chosen to hold, for the message when it overflows.
+    """
     __tracebackhide__ = True
 
     def uncounted(name):
@@ -26,7 +29,10 @@ def call_counted(function, hbm: HBM, what: str, *args, **kwargs) -> None:
     try:
         function(hbm, *args, **kwargs)
     except CapacityError as error:
-        raise AssertionError(f"{what}: {error}") from None
+        holds = f", enough for {fits}" if fits else ""
+        raise AssertionError(f"{what} overflowed the SRAM: {error}\n  convention: the SRAM holds {hbm.capacity} "
+                             f"elements here{holds}; release each tile (end its on_chip block) before reading "
+                             f"the next") from None
     finally:
         del hbm.array
 

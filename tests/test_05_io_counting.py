@@ -8,9 +8,9 @@ pair. Outputs are checked against a dense float64 oracle. mutants/05_io_counting
 import numpy as np
 import pytest
 
-from kata.checks import assert_close
-from kata.hbm import HBM, CapacityError
-from oracles import TOL, allowed_pairs, case_id, scores, weights
+from hbm_helpers import call_counted, check_moves, check_outputs, check_times, totals
+from kata.hbm import HBM
+from oracles import allowed_pairs, case_id, scores, weights
 
 FLASH_MOVES = ("FlashAttention reads Q once per query block, the K and V rows of each scheduled "
                "tile, writes O and L once, and never touches S or P")
@@ -53,10 +53,6 @@ def standard_moves(n, d, block_q, block_k):
             "V": (per_block_kv, 0), "O": (0, n * d), "L": (0, 0)}
 
 
-def totals(moves):
-    return sum(r for r, _ in moves.values()), sum(w for _, w in moves.values())
-
-
 def oracle(q, k, v, causal, scale=None):
     """S, P, O, L of dense attention in float64 (tests/oracles.py: lse by pairwise logaddexp, no max trick)."""
     p, lse = weights(q, k, allowed_pairs(len(q), len(k), causal), scale)
@@ -89,32 +85,8 @@ def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None):
     for name, shape in (("O", (n, d)), ("L", (n,)), ("S", (n, n)), ("P", (n, n))):
         hbm.put(name, np.full(shape, np.nan))  # poisoned: an element never written stays NaN
     what = call(function.__name__, n, d, block_q, block_k, causal, scale)
-
-    def uncounted(name):
-        raise AssertionError(f"{what} called hbm.array({name!r}), which reads back without counting: inside "
-                             f"the algorithm every value comes from hbm.read (counted)")
-
-    hbm.array = uncounted  # shadows the method for the call only
-    try:
-        function(hbm, block_q, block_k, causal=causal, scale=scale)
-    except CapacityError as error:
-        raise AssertionError(f"{what} overflowed the SRAM: {error}\n  convention: the SRAM holds {capacity} "
-                             f"elements here, enough for {fits}; release each tile (end its on_chip block) "
-                             f"before reading the next") from None
-    finally:
-        del hbm.array
+    call_counted(function, hbm, what, block_q, block_k, causal=causal, scale=scale, fits=fits)
     return hbm, (q, k, v), what
-
-
-def check_moves(hbm, expected, what, convention):
-    """Every array's reads and writes against the hand count; names each array that is off."""
-    __tracebackhide__ = True
-    got = {name: (hbm.reads_of(name), hbm.writes_of(name)) for name in expected}
-    wrong = [f"  {name}: expected {expected[name][0]} reads, {expected[name][1]} writes; "
-             f"got {got[name][0]} reads, {got[name][1]} writes" for name in expected if got[name] != expected[name]]
-    if wrong:
-        raise AssertionError("\n".join([f"{what} moved the wrong number of elements:", *wrong,
-                                        f"  convention: {convention}"]))
 
 
 def check_counts(hbm, closed_form, expected, what, convention, shape, causal):
@@ -125,36 +97,6 @@ def check_counts(hbm, closed_form, expected, what, convention, shape, causal):
     assert closed == (hbm.reads, hbm.writes) == totals(expected), (
         f"{closed_form.__name__}{(*shape, causal)} = {closed}, the simulation moved "
         f"{(hbm.reads, hbm.writes)}, the hand count is {totals(expected)} (reads, writes)")
-
-
-def check_outputs(hbm, expected, what):
-    """{name: (oracle, convention)}: each output array, read back from HBM, against its oracle."""
-    __tracebackhide__ = True
-    for name, (value, convention) in expected.items():
-        rows = np.unique(np.argwhere(np.isnan(hbm.array(name)))[:, 0])
-        if rows.size:
-            raise AssertionError(f"{name} after {what}: rows {rows.tolist()} still hold NaN, the poison "
-                                 f"{name} started with: never written with hbm.write, or computed as NaN")
-        assert_close(hbm.array(name), value, what=f"{name} after {what}", convention=convention, **TOL[np.float64])
-
-
-def times_moved(hbm, op, name):
-    """How many times each element of `name` was read (op="read") or written, from the log."""
-    count = np.zeros(hbm.shape(name), int)
-    for t in hbm.log:
-        if t.op == op and t.name == name:
-            count[slice(*t.rows), slice(*t.cols) if t.cols else ...] += 1
-    return count
-
-
-def check_once(hbm, op, name, what):
-    """Each element of `name` moved exactly once by `op`; names the first row that was not."""
-    __tracebackhide__ = True
-    count = times_moved(hbm, op, name)
-    if (count != 1).any():
-        row = int(np.argwhere(count != 1)[0][0])
-        raise AssertionError(f"{what}: row {row} of {name} was {op} {count[row].tolist()} times "
-                             f"per element, expected once each")
 
 
 @pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
@@ -173,7 +115,7 @@ def test_standard_writes_s_and_p_fully_once(ex, rng, causal):
     n, d, block_q, block_k = 23, 4, 8, 5
     hbm, _, what = run(ex.standard_attention, rng, n, d, block_q, block_k, causal)
     for op, name in (("write", "S"), ("read", "S"), ("write", "P"), ("read", "P"), ("write", "O")):
-        check_once(hbm, op, name, what)
+        check_times(hbm, op, name, 1, what, "S and P are each written once and read once, element by element; O written once")
 
 
 @pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
@@ -198,9 +140,8 @@ def test_flash_reads_each_q_row_once_and_writes_each_output_once(ex, rng, causal
     """Q re-read per key tile, O or L written per key tile, S or P materialised after all."""
     n, d, block_q, block_k = 37, 6, 8, 5
     hbm, _, what = run(ex.flash_attention, rng, n, d, block_q, block_k, causal)
-    check_once(hbm, "read", "Q", what)
-    check_once(hbm, "write", "O", what)
-    check_once(hbm, "write", "L", what)
+    for op, name in (("read", "Q"), ("write", "O"), ("write", "L")):
+        check_times(hbm, op, name, 1, what, FLASH_MOVES)
     touched = {t.name for t in hbm.log} & {"S", "P"}
     assert not touched, f"{what} moved {sorted(touched)}: FlashAttention never materialises S or P in HBM"
 
