@@ -8,7 +8,9 @@
     python grader.py doctor          check Python, NumPy, torch and Triton
     python grader.py --watch         re-run the current exercise whenever you save
     python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]   draw your tile schedule
-    python grader.py --bench         time your Triton kernel
+    python grader.py --bench         time your Triton kernels (06 forward, 09 forward + backward)
+    python grader.py --bench paper   the paper's Figure 2 on this GPU (09 against PyTorch attention)
+    python grader.py --bench decode  split-KV decoding (10) against the GPU's copy bandwidth
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--watch", action="store_true", help="re-run the current exercise on every save")
     p.add_argument("--show", nargs="+", metavar="ARG", help="04 [n_q n_k block_q block_k]: draw your tile schedule")
     p.add_argument("--no-causal", dest="causal", action="store_false", help="--show: without the causal mask")
-    p.add_argument("--bench", action="store_true", help="time the Triton kernel (06); the arguments after it "
-                   "(but --solutions, --target DIR) go to the benchmark")
+    p.add_argument("--bench", action="store_true", help="time the Triton kernels (06, 09; `paper`, `decode` for "
+                   "10); the arguments after it (but --solutions, --target DIR) go to the benchmark")
     p.add_argument("--max-runs", type=int, help=argparse.SUPPRESS)  # --watch: stop after N rounds (tests)
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)  # --watch: seconds between looks
     argv, rest = _split_bench(argv)

@@ -1,27 +1,36 @@
-"""Time exercise 06's kernel against PyTorch's attention on a CUDA GPU: a table, ratios and a plot.
+"""Time the kata's Triton kernels against PyTorch's attention on a CUDA GPU: tables, ratios, plots.
 
-    python grader.py --bench [--n 1024 4096] [--d 64 128] [--plot PATH | --no-plot]
+    python grader.py --bench [--n 1024 4096] [--d 64 128] [--pass forward|backward|both] [--no-plot]
+    python grader.py --bench paper      the paper's Figure 2 (GPT-2 medium attention) on this GPU
+    python grader.py --bench decode     exercise 10's decoding benchmark
 
 Every cell is bfloat16 with B*N = 16384 tokens and H*D = 2048: N from 1k to 16k, D 64 and 128,
 causal and not. Each method is checked against torch's SDPA once, then timed with
-triton.testing.do_bench (median ms); TFLOP/s counts 4*B*H*N^2*D, halved when causal; peak memory is
+triton.testing.do_bench (median ms); TFLOP/s counts 4*B*H*N^2*D for the forward, halved when causal,
+and 2.5 times that for the backward (its five matmuls to the forward's two); peak memory is
 torch.cuda.max_memory_allocated over one call, inputs included. Methods: your kernel (the target
-folder's 06), the kata's reference solution, SDPA with PyTorch's default choice (its backend named),
-SDPA forced to the flash and to the cuDNN backends, and naive attention (matmul, softmax, matmul).
-Without a CUDA device it says so and returns 2: nothing was measured.
+folder's 06, and 09 for the backward), the kata's reference solution, SDPA with PyTorch's default
+choice (its backend named), SDPA forced to the flash and to the cuDNN backends, and naive
+attention (matmul, softmax, matmul). Without a CUDA device it says so and returns 2.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import math
+import shutil
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
-from kata.exercises import SOLUTIONS_DIR, find, load
+from kata import io_report
+from kata.exercises import ROOT, SOLUTIONS_DIR, find, load
 from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
 NAIVE, REFERENCE, YOURS = "naive", "reference", "yours"
+BACKWARD_FLOPS = 2.5  # the backward's five matmuls (S again, dV, dP, dQ, dK) to the forward's two
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,13 +38,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384], help="sequence lengths")
     p.add_argument("--d", type=int, nargs="+", default=[64, 128], help="head dimensions")
+    p.add_argument("--pass", dest="passes", choices=["forward", "backward", "both"], default="both",
+                   help="time the forward (06), forward + backward (09), or both")
     p.add_argument("--plot", type=Path, default=Path("bench_06.png"), help="where the plot goes (needs matplotlib)")
-    p.add_argument("--no-plot", dest="plot", action="store_const", const=None, help="no plot")
+    p.add_argument("--plot-backward", type=Path, default=Path("bench_09.png"), help="the backward's plot")
+    p.add_argument("--no-plot", action="store_true", help="no plots")
     return p.parse_args(argv)
 
 
-def methods(torch, target: Path) -> dict:
-    """name -> attention(q, k, v, causal) for every method; a missing SDPA backend fails when timed."""
+def methods(torch, target: Path, exercise: str = "06") -> dict:
+    """name -> attention(q, k, v, causal) -> o for every method, differentiable (the kata's from
+    `exercise`: 06 forward only, 09 with its backward); a missing SDPA backend fails when timed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -52,8 +65,15 @@ def methods(torch, target: Path) -> dict:
         return torch.softmax(s, dim=-1) @ v
 
     def ours(folder: Path):
-        flash_attention = load(find("06"), folder).flash_attention
-        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)[0]
+        try:
+            flash_attention = load(find(exercise), folder).flash_attention
+        except Exception as err:  # a missing or broken file: each of its cells says why
+
+            def flash_attention(*_, err=err, **__):
+                raise err
+        if exercise == "06":  # 06 returns (o, lse)
+            return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)[0]
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
 
     table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: ours(target)}
     table.update({REFERENCE: ours(SOLUTIONS_DIR), "sdpa default": lambda q, k, v, causal: sdpa(q, k, v, is_causal=causal),
@@ -74,18 +94,57 @@ def default_backend(torch, q, k, v, causal: bool) -> str:
 def measure(torch, fn, expected, flops: float) -> dict:
     """{'ms', 'tflops', 'mib'} for one method in one cell, or {'note'} saying why there is no number."""
     from triton.testing import do_bench
-    try:
+
+    def timed():
         out = fn()
         err = (out.float() - expected.float()).abs().max().item()
         if not err <= 0.05:  # bf16 outputs of magnitude < 1: a bigger gap is a wrong answer, not rounding
             return {"note": f"wrong ({err:.2g})"}
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        mib = torch.cuda.max_memory_allocated() / 2**20
+        mib = _peak_mib(torch, fn)
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
         return {"ms": ms, "tflops": flops / ms * 1e-9, "mib": mib}
+    return _guarded(torch, timed)
+
+
+def measure_training(torch, fn, q, k, v, do, expected, flops: float) -> dict:
+    """One method's backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
+    'tflops', 'mib'} (peak over a forward + backward), or {'note'}. `expected`: SDPA's (dq, dk, dv)."""
+    from triton.testing import do_bench
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(do)
+
+    def timed():
+        step()
+        for name, t, ref in zip(("dq", "dk", "dv"), leaves, expected):
+            err = (t.grad.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
+            if not err <= 0.05:  # relative to the largest gradient: bf16 rounding stays near 1e-2
+                return {"note": f"wrong {name} ({err:.2g})"}
+        mib = _peak_mib(torch, step)
+        ms = do_bench(step, warmup=25, rep=100, return_mode="median")
+        o = fn(*leaves)
+        bwd_ms = do_bench(lambda: o.backward(do, retain_graph=True), warmup=25, rep=100, grad_to_none=leaves,
+                          return_mode="median")
+        return {"bwd_ms": bwd_ms, "bwd_tflops": BACKWARD_FLOPS * flops / bwd_ms * 1e-9, "ms": ms,
+                "tflops": (1 + BACKWARD_FLOPS) * flops / ms * 1e-9, "mib": mib}
+    return _guarded(torch, timed)
+
+
+def _peak_mib(torch, fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def _guarded(torch, timed) -> dict:
+    """timed()'s numbers, or {'note'}: OOM, not started, or the error's last line."""
+    try:
+        return timed()
     except torch.cuda.OutOfMemoryError:
         return {"note": "OOM"}
     except Exception as err:  # the learner's kernel unfinished or broken, a backend missing
@@ -96,60 +155,109 @@ def measure(torch, fn, expected, flops: float) -> dict:
         torch.cuda.empty_cache()
 
 
-def run_cells(torch, args, table: dict) -> list[dict]:
-    cells = [(d, causal, n) for d in args.d for causal in (False, True) for n in args.n]
-    rows = []
-    for number, (d, causal, n) in enumerate(cells, start=1):
+def cells(torch, args):
+    """(number, row, q, k, v, flops) for every cell of the grid; row holds the cell's description."""
+    grid = [(d, causal, n) for d in args.d for causal in (False, True) for n in args.n]
+    for number, (d, causal, n) in enumerate(grid, start=1):
         B, H = max(1, TOKENS // n), WIDTH // d
         gen = torch.Generator(device="cuda").manual_seed(number)
         q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
         flops = 4 * B * H * n * n * d / (2 if causal else 1)
-        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         row = {"D": d, "causal": causal, "N": n, "B": B, "H": H,
                "default is": default_backend(torch, q, k, v, causal)}
+        yield f"[{number}/{len(grid)}] D={d} {'causal' if causal else 'full'} N={n} B={B} H={H}", row, q, k, v, flops
+
+
+def run_cells(torch, args, table: dict) -> list[dict]:
+    rows = []
+    for label, row, q, k, v, flops in cells(torch, args):
+        causal = row["causal"]
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         for name, fn in table.items():
             row[name] = measure(torch, partial(fn, q, k, v, causal), expected, flops)
         rows.append(row)
-        done = ", ".join(f"{name} {_cell(row[name], 'ms')}" for name in table)
-        print(f"[{number}/{len(cells)}] D={d} {'causal' if causal else 'full'} N={n} B={B} H={H}: {done} ms",
+        print(f"{label}: " + ", ".join(f"{name} {_cell(row[name], 'ms')}" for name in table) + " ms", flush=True)
+    return rows
+
+
+def run_training_cells(torch, args, table: dict) -> list[dict]:
+    rows = []
+    for label, row, q, k, v, flops in cells(torch, args):
+        causal = row["causal"]
+        do = torch.randn_like(q)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal).backward(do)
+        expected = [t.grad for t in leaves]
+        del leaves
+        for name, fn in table.items():
+            row[name] = measure_training(torch, lambda *t, fn=fn: fn(*t, causal), q, k, v, do, expected, flops)
+        rows.append(row)
+        print(f"{label}: backward " + ", ".join(f"{name} {_cell(row[name], 'bwd_ms')}" for name in table) + " ms",
               flush=True)
-        del q, k, v, expected
     return rows
 
 
 def _cell(result: dict, key: str) -> str:
-    return result.get("note") or f"{result[key]:.{3 if key == 'ms' else 0}f}"
+    return result.get("note") or f"{result[key]:.{3 if key.endswith('ms') else 0}f}"
 
 
-def _ratio(rows, a: str, b: str) -> list[float | None]:
+def _ratio(rows, a: str, b: str, key: str = "ms") -> list[float | None]:
     """Speed of a over b per cell: time of b / time of a."""
-    return [row[b]["ms"] / row[a]["ms"] if "ms" in row[a] and "ms" in row[b] else None for row in rows]
+    return [row[b][key] / row[a][key] if key in row[a] and key in row[b] else None for row in rows]
+
+
+def _keys(r: dict) -> list:
+    return [r["D"], "causal" if r["causal"] else "full", r["N"], f"{r['B']}x{r['H']}"]
+
+
+HEAD = ["D", "mask", "N", "BxH"]
+
+
+def _ratios(rows: list[dict], names: list[str], key: str, title: str, what: str = "") -> list[str]:
+    """The ratio table of the kata's kernels to SDPA's flash and default, and each pair's geometric mean."""
+    from tabulate import tabulate
+    mine = [n for n in (YOURS, REFERENCE) if n in names]
+    pairs = [(m, b) for m in mine for b in ("sdpa flash", "sdpa default")]
+    body = [_keys(r) + [r["default is"]] + [_fmt(_ratio([r], m, b, key)[0]) for m, b in pairs] for r in rows]
+    ratio_head = HEAD + ["default is"] + [f"{m} / {b.removeprefix('sdpa ')}" for m, b in pairs]
+    out = [f"\n{title}\n" + tabulate(body, ratio_head, stralign="right", disable_numparse=True)]
+    cudnn = [(m, "sdpa cudnn") for m in mine if "sdpa cudnn" in names]  # the fastest: in the summary only
+    for m, b in pairs + cudnn:
+        ratios = [x for x in _ratio(rows, m, b, key) if x]
+        if ratios:
+            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            out.append(f"{m} vs {b}{what}: geometric mean {geo:.2f}x, min {min(ratios):.2f}x, "
+                       f"max {max(ratios):.2f}x over {len(ratios)} cells")
+    return out
 
 
 def report(rows: list[dict], names: list[str]) -> str:
     from tabulate import tabulate
-    keys = lambda r: [r["D"], "causal" if r["causal"] else "full", r["N"], f"{r['B']}x{r['H']}"]  # noqa: E731
-    head = ["D", "mask", "N", "BxH"]
     out = []
     for title, key in (("median ms", "ms"), ("TFLOP/s", "tflops"), ("peak memory, MiB", "mib")):
-        body = [keys(r) + [_cell(r[n], key) for n in names] for r in rows]
-        out.append(f"\n{title}\n" + tabulate(body, head + names, stralign="right", disable_numparse=True))
+        body = [_keys(r) + [_cell(r[n], key) for n in names] for r in rows]
+        out.append(f"\n{title}\n" + tabulate(body, HEAD + names, stralign="right", disable_numparse=True))
     # B*N is the same in every cell, so the totals above hide how memory grows with N; per sequence
     # it shows: linear in N for a fused kernel, N^2 for naive attention's scores.
-    body = [keys(r) + [r[n].get("note") or f"{r[n]['mib'] / r['B']:.1f}" for n in names] for r in rows]
+    body = [_keys(r) + [r[n].get("note") or f"{r[n]['mib'] / r['B']:.1f}" for n in names] for r in rows]
     out.append("\npeak memory per sequence, MiB (peak / B): linear in N when fused, N^2 when naive\n"
-               + tabulate(body, head + names, stralign="right", disable_numparse=True))
-    mine = [n for n in (YOURS, REFERENCE) if n in names]
-    pairs = [(m, b) for m in mine for b in ("sdpa flash", "sdpa default")]
-    body = [keys(r) + [r["default is"]] + [_fmt(_ratio([r], m, b)[0]) for m, b in pairs] for r in rows]
-    ratio_head = head + ["default is"] + [f"{m} / {b.removeprefix('sdpa ')}" for m, b in pairs]
-    out.append("\nspeed ratio (higher is faster)\n" + tabulate(body, ratio_head, stralign="right", disable_numparse=True))
-    for m, b in pairs:
-        ratios = [x for x in _ratio(rows, m, b) if x]
-        if ratios:
-            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-            out.append(f"{m} vs {b}: geometric mean {geo:.2f}x, min {min(ratios):.2f}x, max {max(ratios):.2f}x "
-                       f"over {len(ratios)} cells")
+               + tabulate(body, HEAD + names, stralign="right", disable_numparse=True))
+    out += _ratios(rows, names, "ms", "speed ratio (higher is faster)")
+    return "\n".join(out)
+
+
+def training_report(rows: list[dict], names: list[str]) -> str:
+    """The forward + backward tables: the backward alone, then a whole training step."""
+    from tabulate import tabulate
+    out = ["\nFORWARD + BACKWARD (yours and reference: exercise 09); TFLOP/s count the backward as "
+           f"{BACKWARD_FLOPS:g}x the forward"]
+    for title, key in (("backward, median ms", "bwd_ms"), ("backward, TFLOP/s", "bwd_tflops"),
+                       ("forward + backward, median ms", "ms"), ("forward + backward, TFLOP/s", "tflops"),
+                       ("forward + backward, peak memory, MiB", "mib")):
+        body = [_keys(r) + [_cell(r[n], key) for n in names] for r in rows]
+        out.append(f"\n{title}\n" + tabulate(body, HEAD + names, stralign="right", disable_numparse=True))
+    out += _ratios(rows, names, "bwd_ms", "backward speed ratio (higher is faster)", ", backward")
+    out += _ratios(rows, names, "ms", "forward + backward speed ratio (higher is faster)", ", forward + backward")
     return "\n".join(out)
 
 
@@ -157,7 +265,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def plot(rows: list[dict], names: list[str], path: Path) -> None:
+def plot(rows: list[dict], names: list[str], path: Path, key: str = "tflops", what: str = "") -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -170,12 +278,12 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     for ax, (d, causal) in zip(axes[0], panels):
         mine = [r for r in rows if (r["D"], r["causal"]) == (d, causal)]
         for name in names:
-            pts = [(r["N"], r[name]["tflops"]) for r in mine if "tflops" in r[name]]
+            pts = [(r["N"], r[name][key]) for r in mine if key in r[name]]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)
-        ax.set(xlabel="N (tokens per sequence)", ylabel="TFLOP/s",
+        ax.set(xlabel="N (tokens per sequence)", ylabel=f"{what}TFLOP/s",
                title=f"D={d}, {'causal' if causal else 'full'}, bf16")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
@@ -184,28 +292,224 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     print(f"plot: {path}")
 
 
-def main(target: Path, argv: list[str]) -> int:
-    args = parse(argv)
+def gpu_torch():
+    """torch when a CUDA GPU with bfloat16 is usable, else None, having said why nothing was measured."""
     try:
         import torch
-        import triton
+        import triton  # noqa: F401
     except ImportError as err:
         print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")
-        return 2
+        return None
     if not torch.cuda.is_available():
         why = gpu_skip_reason(torch)
         print("The benchmark needs a CUDA GPU, and none is usable here; nothing was measured.\n"
               + ("" if why == NO_GPU else why + "\n")
-              + "Your kernel's correctness is still tested on the CPU: python grader.py 06")
-        return 2
+              + "Your kernels' correctness is still tested on the CPU: python grader.py 06 (or 09)")
+        return None
     if why := bf16_missing(torch):
         print(f"Every cell of the benchmark is bfloat16, so all are skipped: {why}. Nothing was measured.")
+        return None
+    return torch
+
+
+def main(target: Path, argv: list[str]) -> int:
+    if argv[:1] == ["decode"]:
+        try:
+            from kata.bench_decode import main as decode
+        except ModuleNotFoundError as err:
+            if err.name != "kata.bench_decode":
+                raise
+            print("The decoding benchmark (kata/bench_decode.py) is not in this copy of the kata.")
+            return 2
+        return decode(target, argv[1:])
+    if argv[:1] == ["paper"]:
+        torch = gpu_torch()
+        return 2 if torch is None else paper(torch, target)
+    args = parse(argv)
+    torch = gpu_torch()
+    if torch is None:
         return 2
-    table = methods(torch, target)
+    import triton
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; "
           f"bf16, B*N = {TOKENS}, H*D = {WIDTH}; target {target}", flush=True)
-    rows = run_cells(torch, args, table)
-    print(report(rows, list(table)))
-    if args.plot is not None:
-        plot(rows, list(table), args.plot)
+    if args.passes in ("forward", "both"):
+        table = methods(torch, target)
+        rows = run_cells(torch, args, table)
+        print(report(rows, list(table)))
+        if not args.no_plot:
+            plot(rows, list(table), args.plot)
+    if args.passes in ("backward", "both"):
+        table = methods(torch, target, "09")
+        rows = run_training_cells(torch, args, table)
+        print(training_report(rows, list(table)))
+        if not args.no_plot:
+            plot(rows, list(table), args.plot_backward, "bwd_tflops", "backward ")
     return 0
+
+
+# ---- python grader.py --bench paper: the paper's Figure 2 (left) on this GPU ----------------------
+
+PAPER_B, PAPER_H, PAPER_N, PAPER_D = io_report.BATCH, io_report.HEADS, io_report.N_GPT2, io_report.D
+PAPER_A100 = {"standard": {"gflops": 66.6, "hbm": 40.3, "ms": 41.7},  # Dao et al. 2022, Figure 2 (left)
+              "flash": {"gflops": 75.2, "hbm": 4.4, "ms": 7.3}}
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+STANDARD = "standard (PyTorch)"
+PAPER_NOTES = """\
+GFLOPs counted: 4·B·H·n²·d for the forward, halved for causal, 2.5x that for the backward: the
+  same count for both, as benchmarks report it. Executed: the matmuls the code runs: standard
+  attention computes every score (6 matmuls over all n² pairs, the mask applied after), the
+  kata's kernels skip the tiles above the diagonal but run 9 matmuls (S and dP twice, no atomics).
+  The paper does not say how its GFLOPs are counted: compare the ratios, not the numbers.
+HBM model: the closed forms of exercises 05 and 08 (solutions/), block 128, causal; it leaves out
+  the L2 cache, PyTorch's extra passes over S and P for the mask and scale, and the kernels' own
+  block sizes. Measured: DRAM bytes read + written by every kernel of one forward + backward,
+  from Nsight Compute (L2 hits are not DRAM traffic, so this can come out below the model)."""
+
+
+def standard_attention(torch, q, k, v):
+    """Causal attention as PyTorch runs it step by step: matmul, mask, softmax, matmul."""
+    n = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def paper_methods(torch, target: Path) -> dict:
+    """column name -> attention(q, k, v) -> o, causal, differentiable."""
+    kata = {n: fn for n, fn in methods(torch, target, "09").items() if n in (YOURS, REFERENCE)}
+    return {STANDARD: partial(standard_attention, torch),
+            **{f"{n} (09)": partial(fn, causal=True) for n, fn in kata.items()}}
+
+
+def paper_step(torch, fn):
+    """A forward + backward step on the paper's inputs (fp16, seeded) and the leaves it fills."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(PAPER_B, PAPER_H, PAPER_N, PAPER_D, device="cuda", dtype=torch.float16, generator=gen)
+                   for _ in range(4))
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(do)
+    return step, leaves
+
+
+def paper_flops(name: str) -> tuple[float, float]:
+    """(counted, executed) GFLOPs of one forward + backward step of `name`."""
+    matmul = 2 * PAPER_B * PAPER_H * PAPER_N * PAPER_N * PAPER_D  # one n x n x d matmul over every head
+    counted = (1 + BACKWARD_FLOPS) * 2 * matmul / 2
+    # The kata's kernels visit the tiles on and below the diagonal: about (n + block) / 2n of them.
+    executed = 6 * matmul if name == STANDARD else 9 * matmul * (PAPER_N + 128) / (2 * PAPER_N)
+    return counted / 1e9, executed / 1e9
+
+
+def paper_model_gb() -> dict:
+    """HBM reads + writes in GB of one forward + backward, standard and flash, from 05's and 08's closed forms."""
+    fwd, bwd = load(find("05"), SOLUTIONS_DIR), load(find("08"), SOLUTIONS_DIR)
+    out = {}
+    for kind in ("standard", "flash"):
+        elements = (sum(io_report._io(fwd, f"{kind}_attention_io", PAPER_N, True))
+                    + sum(io_report._io(bwd, f"{kind}_backward_io", PAPER_N, True)))
+        out[kind] = elements * io_report.BYTES_FP16 * PAPER_H * PAPER_B / io_report.GB
+    return out
+
+
+def ncu_bytes(text: str) -> int:
+    """Sum of the DRAM read and write metrics over every kernel in `ncu --csv` output."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError("no CSV table in ncu's output (were any kernels profiled?)")
+    scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1}
+    total = 0.0
+    for row in csv.DictReader(lines[start:]):
+        if row.get("Metric Name") in NCU_METRICS:
+            total += float(row["Metric Value"].replace(",", "")) * scale[row.get("Metric Unit") or "byte"]
+    return int(total)
+
+
+def ncu_traffic_gb(column: str, target: Path) -> float | str:
+    """GB of DRAM traffic of one forward + backward of `column`, measured by Nsight Compute in a
+    subprocess, or why there is no measurement."""
+    exe = shutil.which("ncu")
+    if exe is None:
+        return "ncu not installed"
+    cmd = [exe, "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS), "--csv", "--print-units", "base",
+           sys.executable, "-m", "kata.bench", "paper-step", column, str(target)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return "ncu timed out"
+    if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
+        return "ncu not allowed (ERR_NVGPUCTRPERM)"
+    try:
+        return ncu_bytes(done.stdout) / 1e9
+    except (ValueError, KeyError) as err:
+        last = (done.stderr.strip() or done.stdout.strip() or str(err)).splitlines()[-1]
+        return f"ncu failed: {last[:50]}"
+
+
+def paper_table(columns: dict, model: dict, device: str) -> str:
+    """The Figure 2 table: our columns (name -> {'counted', 'executed', 'ms', 'gib', 'ncu'} or
+    {'note'}) beside the paper's A100 numbers; `model` holds the IO model's GB per kind."""
+    from tabulate import tabulate
+
+    def value(col: dict, key: str, fmt: str) -> str:
+        if "note" in col:
+            return col["note"]
+        return col[key] if isinstance(col[key], str) else format(col[key], fmt)
+
+    kinds = {name: "standard" if name == STANDARD else "flash" for name in columns}
+    rows = [["GFLOPs, counted"] + [value(c, "counted", ".1f") for c in columns.values()],
+            ["GFLOPs, executed"] + [value(c, "executed", ".1f") for c in columns.values()],
+            ["HBM R/W GB, model (05 + 08)"] + [f"{model[kinds[n]]:.1f}" for n in columns],
+            ["HBM R/W GB, measured (ncu)"] + [value(c, "ncu", ".1f") for c in columns.values()],
+            ["runtime, ms"] + [value(c, "ms", ".2f") for c in columns.values()],
+            ["peak memory, GiB"] + [value(c, "gib", ".2f") for c in columns.values()]]
+    paper = [[PAPER_A100["standard"]["gflops"], PAPER_A100["flash"]["gflops"]], ["-", "-"],
+             [PAPER_A100["standard"]["hbm"], PAPER_A100["flash"]["hbm"]], ["-", "-"],
+             [PAPER_A100["standard"]["ms"], PAPER_A100["flash"]["ms"]], ["-", "-"]]
+    body = [row + [str(x) for x in extra] for row, extra in zip(rows, paper)]
+    head = [""] + list(columns) + ["paper A100: standard", "paper A100: FlashAttention"]
+    title = (f"GPT-2 medium attention, forward + backward ({PAPER_B} x {PAPER_H} heads, n {PAPER_N}, d {PAPER_D}, "
+             f"causal, fp16) on {device}, beside the paper's Figure 2 (left)")
+    return "\n".join([title, tabulate(body, head, stralign="right", disable_numparse=True), "", PAPER_NOTES])
+
+
+def paper(torch, target: Path) -> int:
+    from triton.testing import do_bench
+    columns = {}
+    for column, fn in paper_methods(torch, target).items():
+        counted, executed = paper_flops(column)
+
+        def timed(fn=fn):
+            step, _ = paper_step(torch, fn)
+            gib = _peak_mib(torch, step) / 1024
+            return {"ms": do_bench(step, warmup=5, rep=50, return_mode="median"), "gib": gib}
+        columns[column] = {"counted": counted, "executed": executed, **_guarded(torch, timed)}
+        if "note" not in columns[column]:
+            columns[column]["ncu"] = ncu_traffic_gb(column, target)
+        print(f"{column}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in columns[column].items()), flush=True)
+    print(paper_table(columns, paper_model_gb(), torch.cuda.get_device_name()))
+    if shutil.which("ncu") is None:
+        print("Nsight Compute (ncu) is not installed: the HBM traffic above is the model's alone.")
+    return 0
+
+
+def _profile_paper_step(column: str, target: Path) -> None:
+    """Run under ncu --profile-from-start off: warm up (compile, autotune), then one profiled step."""
+    import torch
+    step, _ = paper_step(torch, paper_methods(torch, target)[column])
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["paper-step"]:
+    _profile_paper_step(sys.argv[2], Path(sys.argv[3]))

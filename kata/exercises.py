@@ -48,6 +48,8 @@ EXERCISES = [
     Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True),
     Exercise("07", "attention_backward", "the backward pass, recomputed tile by tile"),
     Exercise("08", "backward_io", "what recomputation saves"),
+    Exercise("09", "triton_backward", "train with your kernel: the backward in Triton", needs_gpu=True),
+    Exercise("10", "flash_decoding", "split-KV decoding at the memory limit", needs_gpu=True),
     Exercise("11", "ring_attention", "attention across processes"),
 ]
 

@@ -6,22 +6,18 @@ float32 at up to 4096 tokens. Each test's name says the bug it catches; mutants/
 holds those bugs.
 """
 import math
-import os
-import re
 
 import pytest
 
 from kata.checks import assert_close, assert_unmodified
-from kata.gpu import bf16_missing, gpu_skip_reason
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the exercise's @triton.jit runs: set it first
+from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
+                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log2(0) = -inf, wanted
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
 MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
 PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
@@ -52,37 +48,6 @@ def oracle(q, k, v, causal=False, scale=None, kv_lens=None):
     return p @ v, lse
 
 
-def stub_message(err: BaseException) -> str | None:
-    """The stub's message when `err` comes from a stubbed @triton.jit body, else None.
-
-    The interpreter wraps the stub's NotImplementedError; the compiler rejects its `raise` statement
-    with the source line, which holds the message.
-    """
-    while err is not None:
-        if isinstance(err, NotImplementedError):
-            return str(err)
-        found = re.search(r'NotImplementedError\("([^"]*)"\)', str(err))
-        if found:
-            return found.group(1)
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def run(ex, q, k, v, **kw):
-    """Call the kernel; a stubbed kernel body surfaces as NotImplementedError ("not started")."""
-    try:
-        return ex.flash_attention(q, k, v, **kw)
-    except Exception as err:
-        message = stub_message(err)
-        if message is None:
-            raise
-        raise NotImplementedError(message) from None
-
-
-def randn(rng, *shape, dtype=torch.float32):
-    return torch.from_numpy(rng.standard_normal(shape)).to(device=DEVICE, dtype=dtype)
-
-
 def name(q, k, causal=False, kv_lens=None, scale=None) -> str:
     extra = (", causal" if causal else "") + (f", kv_lens={kv_lens.tolist()}" if kv_lens is not None else "")
     extra += f", scale={scale}" if scale is not None else ""
@@ -94,7 +59,7 @@ def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention="", ls
     """Run the kernel, check the inputs are unmodified, then compare o and lse with the oracle."""
     __tracebackhide__ = True
     before = [t.clone() for t in (q, k, v)]
-    o, lse = run(ex, q, k, v, causal=causal, scale=scale, kv_lens=kv_lens)
+    o, lse = call(ex.flash_attention, q, k, v, causal=causal, scale=scale, kv_lens=kv_lens)
     for t, t0, label in zip((q, k, v), before, "qkv"):
         assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
     what = name(q, k, causal, kv_lens, scale)
@@ -108,18 +73,6 @@ def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention="", ls
                  rtol=tol, atol=tol, convention=convention, nan_convention=nan_convention)
     assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
                  rtol=tol, atol=tol, convention=lse_convention)
-
-
-@pytest.fixture(autouse=True)
-def poisoned_buffers(monkeypatch):
-    """New float buffers start as NaN, so an output element the kernel never writes shows up."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
 
 
 def shape_id(s):
@@ -214,7 +167,7 @@ def test_large_scores_do_not_overflow(ex, rng):
 def test_matches_torch_sdpa(ex, rng):
     """The same answer as torch's scaled_dot_product_attention, an oracle no exercise wrote."""
     q, k, v = randn(rng, 2, 2, 26, 16), randn(rng, 2, 2, 50, 16), randn(rng, 2, 2, 50, 16)
-    o, _ = run(ex, q, k, v, causal=True)
+    o, _ = call(ex.flash_attention, q, k, v, causal=True)
     expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
     assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, True)}: o vs torch SDPA",
@@ -264,15 +217,6 @@ def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
 
 GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128), (1, 2, 300, 200, 40),
               (1, 2, 513, 513, 256)]
-DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
-
-
-def skip_unless_supported(dtype: str) -> torch.dtype:
-    """The torch dtype; bfloat16 skipped, with the reason, on a GPU without bfloat16 tensor cores."""
-    if DTYPES[dtype] == torch.bfloat16 and (why := bf16_missing(torch)):
-        pytest.skip(why)
-    return DTYPES[dtype]
-
 
 @gpu
 @pytest.mark.gpu

@@ -1,0 +1,346 @@
+"""Tests for exercise 09: the backward kernels, through torch.autograd, against float64 autograd of
+dense attention.
+
+Without a CUDA device the kernels run in Triton's interpreter on the CPU (float32, small ragged
+shapes); with one, the same tests run compiled, and the tests marked gpu add float16, bfloat16 and
+float32 at up to 4096 tokens and a short training run beside torch's SDPA. Each test's name says
+the bug it catches; mutants/09_triton_backward.toml holds those bugs.
+"""
+import math
+
+import pytest
+
+from kata.checks import assert_close, assert_unmodified
+
+torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
+from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
+                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+
+pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+
+# P is computed before the causal mask zeroes it: a pair above the diagonal may overflow exp2 to inf, unused.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+FORMULAS = ("P = exp(scale·QKᵀ − lse), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D) with D = rowsum(dO ∘ O), "
+            "dQ = scale · dS K, dK = scale · dSᵀ Q")
+WHOLE = "dK_j, dV_j sum every query tile that attends key block j; dQ_i every key tile query block i attends"
+CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
+NOT_READ = ("keys that no query may attend hold NaN here: a NaN means such a key (a tile above the diagonal) "
+            "was loaded; their dk and dv are 0")
+TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products compiled
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
+}
+
+
+def oracle(q, k, v, do, causal=False, scale=None):
+    """o and (dq, dk, dv) by float64 autograd of softmax(scale q kᵀ + mask) v, from the definition.
+
+    The tests put NaN only in keys that no query may attend; the oracle reads them as 0, and their
+    gradients come out exactly 0.
+    """
+    q, k, v = (t.detach().double().nan_to_num().requires_grad_() for t in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), -math.inf)
+    o = torch.softmax(s, dim=-1) @ v
+    (o * do.double()).sum().backward()
+    return o.detach(), (q.grad, k.grad, v.grad)
+
+
+def run(ex, q, k, v, do, **kw):
+    """o and (dq, dk, dv) from the kernel; a stubbed kernel body surfaces as NotImplementedError."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def forward_backward():
+        o = ex.flash_attention(*leaves, **kw)
+        o.backward(do)
+        return o.detach()
+
+    return call(forward_backward), tuple(t.grad for t in leaves)
+
+
+def name(q, k, causal=False, scale=None) -> str:
+    extra = (", causal" if causal else "") + (f", scale={scale}" if scale is not None else "")
+    return f"flash_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra}).backward(do)"
+
+
+def numpy(t):
+    return t.detach().double().cpu().numpy()
+
+
+def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_convention=""):
+    """Run forward and backward, check the inputs are unmodified, then o, dq, dk, dv against the oracle."""
+    __tracebackhide__ = True
+    before = [t.clone() for t in (q, k, v, do)]
+    o, grads = run(ex, q, k, v, do, causal=causal, scale=scale)
+    for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
+        assert_unmodified(numpy(t0), numpy(t), label)
+    what = name(q, k, causal, scale)
+    o_ref, grads_ref = oracle(q, k, v, do, causal, scale)
+    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    assert_close(numpy(o), numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
+    for label, t, got, expected in zip(("dq", "dk", "dv"), (q, k, v), grads, grads_ref):
+        assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
+            f"{what}: {label} must have the dtype and shape of its input, {t.dtype} {tuple(t.shape)}, got " \
+            f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
+        size = max(1.0, expected.abs().max().item())
+        assert_close(numpy(got), numpy(expected), what=f"{what}: {label} (row = b, h, {label[1]} index)",
+                     rtol=tol, atol=tol * size, convention=convention, nan_convention=nan_convention)
+
+
+def shape_id(s):
+    return "b{}-h{}-nq{}-nk{}-d{}".format(*s)
+
+
+def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
+    return (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k, n_q))
+
+
+# (B, H, n_q, n_k, D); the interpreter runs 16- and 32-row tiles in both kernels
+SHAPES = [(1, 1, 1, 1, 16), (1, 2, 5, 7, 16), (2, 1, 33, 33, 16), (1, 1, 17, 70, 32), (1, 1, 70, 17, 16)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_ragged_shapes_match_autograd(ex, rng, shape):
+    """A wrong formula (D missing, scale left out), a sum that keeps only its last tile, the ragged
+    last tile of either loop never visited, rows past the end stored or left unwritten."""
+    q, k, v, do = qkv_do(rng, *shape)
+    check(ex, q, k, v, do, convention=f"{FORMULAS}; {WHOLE}")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_causal_diagonal_is_top_left_aligned(ex, rng, shape):
+    """j < i instead of j <= i in either kernel, a diagonal tile run unmasked, bottom-right alignment
+    when n_q != n_k."""
+    q, k, v, do = qkv_do(rng, *shape)
+    check(ex, q, k, v, do, causal=True, convention=CAUSAL)
+
+
+@pytest.mark.parametrize("D", [8, 24, 40])
+def test_head_dim_not_a_power_of_two(ex, rng, D):
+    """Gradients of the padded columns returned, or the padded width's 1/sqrt scale used."""
+    q, k, v, do = qkv_do(rng, 1, 2, 19, 23, D)
+    check(ex, q, k, v, do, causal=True, convention="scale defaults to 1/sqrt(D) for the caller's D")
+
+
+@pytest.mark.parametrize("scale", [0.05, 2.0])
+def test_explicit_scale(ex, rng, scale):
+    """dQ or dK without the factor scale (or with it twice), P rebuilt without log2(e)."""
+    q, k, v, do = qkv_do(rng, 1, 1, 21, 35, 16)
+    check(ex, q, k, v, do, scale=scale, convention="dQ = scale · dS K and dK = scale · dSᵀ Q; "
+                                                   "P = exp2(scale·log2(e)·QKᵀ − lse·log2(e))")
+
+
+# Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
+# any power-of-two tile size up to 256: such keys may hold NaN.
+UNREAD_FROM = 256
+
+
+def unattended_keys_poisoned(rng, B, H, n_q, n_k, D, dtype=torch.float32):
+    """q, k, v, do with NaN in every key and value from the first multiple of UNREAD_FROM past the last query."""
+    q, k, v, do = qkv_do(rng, B, H, n_q, n_k, D, dtype)
+    start = math.ceil(n_q / UNREAD_FROM) * UNREAD_FROM
+    k[:, :, start:] = math.nan
+    v[:, :, start:] = math.nan
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("n_q, n_k", [(40, 300), (1, 290)], ids=["nq40-nk300", "nq1-nk290"])
+def test_causal_skips_tiles_above_the_diagonal(ex, rng, n_q, n_k):
+    """Tiles above the diagonal walked (loaded and masked to zero) instead of skipped, in the dK, dV
+    kernel (a key block no query attends walks query tiles) or the dQ kernel (a query block walks
+    past its last key); dK, dV of keys no query attends left unwritten instead of 0. Top-left
+    causal with n_q < n_k leaves every key past the last query unattended."""
+    q, k, v, do = unattended_keys_poisoned(rng, 1, 2, n_q, n_k, 16)
+    check(ex, q, k, v, do, causal=True, convention=f"{CAUSAL}; a key no query attends has dk = dv = 0",
+          nan_convention=NOT_READ)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="compiled float32 products round in tf32 and sum in another order "
+                    "in each kernel: with scores in the hundreds that moves P by a percent, not a bug")
+def test_large_scores_do_not_overflow(ex, rng):
+    """P rebuilt as exp2 of raw scores, or lse applied in the wrong base: exp2 overflows or P is off."""
+    # Multiples of 1/8 are exact in float32 and tf32, so the large scores carry little rounding error;
+    # so do dP = dO Vᵀ, whose difference with D is tiny where one key takes all the weight.
+    q, k = ((randn(rng, 1, 2, n, 16) * 12 * 8).round().clamp(-2040, 2040) / 8 for n in (30, 45))
+    v, do = ((randn(rng, 1, 2, n, 16) * 8).round() / 8 for n in (45, 30))
+    check(ex, q, k, v, do, causal=True,
+          convention="P = exp2(S·scale·log2(e) − lse·log2(e)): lse is the natural log")
+
+
+def test_non_contiguous_inputs_and_gradient(ex, rng):
+    """One tensor's strides used for another (q's for dO, k's for dK): inputs here are (B, n, H, D)
+    tensors viewed as (B, H, n, D), as a model's projections give them, and dO is another layout."""
+    q, k, v = (randn(rng, 2, n, 3, 16).transpose(1, 2) for n in (37, 29, 29))
+    do = randn(rng, 37, 3, 2, 16).permute(2, 1, 0, 3)
+    check(ex, q, k, v, do, causal=True, convention="read each tensor with its own strides")
+
+
+def test_matches_torch_sdpa_gradients(ex, rng):
+    """The same gradients as torch's scaled_dot_product_attention, an oracle no exercise wrote."""
+    q, k, v, do = qkv_do(rng, 2, 2, 26, 50, 16)
+    _, grads = run(ex, q, k, v, do, causal=True)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True).backward(do.double())
+    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    for label, got, leaf in zip(("dq", "dk", "dv"), grads, leaves):
+        size = max(1.0, leaf.grad.abs().max().item())
+        assert_close(numpy(got), numpy(leaf.grad), what=f"{name(q, k, True)}: {label} vs torch SDPA",
+                     rtol=tol, atol=tol * size, convention=CAUSAL)
+
+
+def _qk(rng, n_q=5, n_k=7, D=16):
+    return randn(rng, 2, 1, n_q, D), randn(rng, 2, 1, n_k, D)
+
+
+@pytest.mark.given
+@pytest.mark.skipif(DEVICE != "cpu", reason="tests the interpreter: compiled, bfloat16 works")
+def test_interpreter_refuses_bfloat16(ex, rng):
+    """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
+    q, k = _qk(rng)
+    with pytest.raises(ValueError, match="bfloat16"):
+        ex.flash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16())
+
+
+BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_attention, words the ValueError must contain)
+    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
+    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
+    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
+    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
+                                       v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
+    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
+    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
+    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
+    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
+    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
+}
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
+    """The wrapper names the problem (shape, dtype, device, head dim, scale) before any launch."""
+    build, words = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=words):
+        ex.flash_attention(**build(*_qk(rng)))
+
+
+GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128), (1, 2, 300, 200, 40),
+              (1, 2, 513, 513, 256)]
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
+def test_gpu_compiled_matches_autograd(ex, rng, shape, dtype, causal):
+    """Compiled-only bugs: half-precision casts of P and dS, tile bounds at real block sizes, head
+    dims 40 to 256."""
+    q, k, v, do = qkv_do(rng, *shape, dtype=skip_unless_supported(dtype))
+    check(ex, q, k, v, do, causal=causal, convention=CAUSAL if causal else FORMULAS)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_autotuned_4096_tokens(ex, rng, D, causal):
+    """The tuned configs (pipelined loads, the three stages of the dK, dV kernel) at the benchmark's
+    sizes, bfloat16 (tuning every dtype too would cost minutes of compiling)."""
+    q, k, v, do = qkv_do(rng, 1, 2048 // D, 4096, 4096, D, dtype=skip_unless_supported("bf16"))
+    check(ex, q, k, v, do, causal=causal, convention=CAUSAL if causal else FORMULAS)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_causal_skips_tiles_above_the_diagonal(ex, rng, dtype):
+    """Tiles above the diagonal loaded at the compiled kernels' real tile sizes: keys 1024 and past
+    are attended by no query of 1000 and hold NaN; their dk and dv are 0."""
+    q, k, v, do = unattended_keys_poisoned(rng, 2, 3, 1000, 3000, 64, dtype=skip_unless_supported(dtype))
+    check(ex, q, k, v, do, causal=True, convention=f"{CAUSAL}; a key no query attends has dk = dv = 0",
+          nan_convention=NOT_READ)
+
+
+# The training check: the same small causal model trained twice from one initialisation, once
+# with your kernel, once with torch's SDPA, attention in float16 in both (parameters float32).
+TRAIN = dict(layers=2, d_model=128, heads=4, seq=256, batch=8, vocab=64, steps=100, lr=3e-3)
+# float16 rounds P and dS to 11 bits, differently in each kernel (~5e-4 relative per step); Adam
+# turns small gradient differences into small update differences, so the two runs drift apart
+# slowly: the reference solution's largest difference was 0.024 (step 84 of 100, on an H200). A
+# wrong gradient (a missing scale, a dropped tile, D left out) moves the loss by more than 0.1
+# within a few steps; 0.05 sits between the two.
+LOSS_TOL = 0.05
+
+
+def make_model(attention):
+    cfg = TRAIN
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(cfg["d_model"]), nn.LayerNorm(cfg["d_model"])
+            self.qkv = nn.Linear(cfg["d_model"], 3 * cfg["d_model"])
+            self.proj = nn.Linear(cfg["d_model"], cfg["d_model"])
+            self.mlp = nn.Sequential(nn.Linear(cfg["d_model"], 4 * cfg["d_model"]), nn.GELU(),
+                                     nn.Linear(4 * cfg["d_model"], cfg["d_model"]))
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, cfg["heads"], C // cfg["heads"]).unbind(2)
+            q, k, v = (t.transpose(1, 2).half() for t in (q, k, v))  # (B, heads, T, head dim)
+            y = attention(q, k, v).float().transpose(1, 2).reshape(B, T, C)
+            x = x + self.proj(y)
+            return x + self.mlp(self.ln2(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(cfg["vocab"], cfg["d_model"])
+            self.pos = nn.Parameter(torch.randn(cfg["seq"], cfg["d_model"]) * 0.02)
+            self.blocks = nn.Sequential(*(Block() for _ in range(cfg["layers"])))
+            self.head = nn.Sequential(nn.LayerNorm(cfg["d_model"]), nn.Linear(cfg["d_model"], cfg["vocab"]))
+
+        def forward(self, tokens):
+            return self.head(self.blocks(self.embed(tokens) + self.pos[:tokens.shape[1]]))
+
+    return Model().to(DEVICE)
+
+
+def train(model, batches):
+    opt = torch.optim.AdamW(model.parameters(), lr=TRAIN["lr"])
+    losses = []
+    for tokens in batches:
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, TRAIN["vocab"]), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_training_matches_sdpa(ex, rng):
+    """Gradients that pass the tests above but go wrong in a real model (a stride, a layout from
+    .transpose, many steps of float16): 100 steps of a 2-layer causal model trained with your kernel
+    and with torch's SDPA give the same loss at every step."""
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = make_model(lambda q, k, v: ex.flash_attention(q, k, v, causal=True))
+    reference = make_model(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    reference.load_state_dict(model.state_dict())
+    # Each sequence repeats a random 16-token motif: attention (copying from 16 back) is what lowers the loss.
+    motifs = rng.integers(TRAIN["vocab"], size=(TRAIN["steps"], TRAIN["batch"], 16))
+    tokens = torch.from_numpy(motifs).repeat(1, 1, TRAIN["seq"] // 16 + 1)[..., :TRAIN["seq"] + 1].to(DEVICE)
+    ours, theirs = train(model, tokens), train(reference, tokens)
+    gaps = [abs(a - b) for a, b in zip(ours, theirs)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    print(f"\ntraining check: largest loss difference {gaps[worst]:.2e} at step {worst} "
+          f"(yours {ours[worst]:.5f}, SDPA {theirs[worst]:.5f}); final losses {ours[-1]:.4f} vs {theirs[-1]:.4f}")
+    assert gaps[worst] <= LOSS_TOL, (
+        f"training {TRAIN['layers']}-layer causal model, {TRAIN['steps']} steps: loss at step {worst} is "
+        f"{ours[worst]:.5f} with your kernel, {theirs[worst]:.5f} with torch SDPA (tolerance {LOSS_TOL})\n"
+        f"  convention: the gradients of flash_attention are those of softmax(scale q kᵀ) v")

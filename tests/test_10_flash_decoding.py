@@ -1,0 +1,329 @@
+"""Tests for exercise 10: split-KV decoding with grouped-query attention against float64 oracles.
+
+Without a CUDA device both kernels run in Triton's interpreter on the CPU (float32, small ragged
+shapes, 16-key tiles); with one, the same tests run compiled, and the tests marked gpu add float16,
+bfloat16 and float32 at thousands of keys. Each test's name says the bug it catches;
+mutants/10_flash_decoding.toml holds those bugs.
+"""
+import math
+
+import pytest
+
+from kata.checks import assert_close, assert_unmodified
+
+torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch")
+from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
+                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+
+pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, wanted
+GQA = "query head h reads kv head h // (H_q / H_kv); tile row r is query r % n_q of head kv·G + r // n_q"
+PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
+MASKED_ROW = "kv_lens[b] = 0 gives o = 0 and lse = -inf for every row of batch b, never NaN"
+SPLIT = ("split s covers keys [s·c, (s+1)·c) below kv_lens[b], c = keys_per_split(n_k, S); "
+         "an empty chunk gives o = 0, lse = -inf")
+MERGE = ("03's rule: lse = M + log Σ exp(lse_s - M), o = Σ exp(lse_s - lse) · o_s; "
+         "a split with lse_s = -inf adds nothing, whatever its o holds")
+LSE = "lse is the natural log: (m + log2(l)) · ln(2) when m is kept in base 2"
+TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
+}
+
+
+def oracle(q, k, v, keep, scale=None):
+    """Attention of every query row over the keys `keep (B, n_k)` marks, in float64, with GQA.
+
+    Returns o (B, H_q, n_q, D) and lse (B, H_q, n_q); a row with no key is (0, -inf). NaN sits only
+    in keys no row may read; the oracle reads them as 0.
+    """
+    group = q.shape[1] // k.shape[1]
+    q = q.double()
+    k, v = (t.double().nan_to_num().repeat_interleave(group, dim=1) for t in (k, v))  # head h -> kv h // G
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    live = keep.to(q.device)[:, None, None, :]
+    s = torch.where(live, (q @ k.transpose(-1, -2)) * scale, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.where(live, torch.exp(s - lse[..., None]), 0.0)  # a row with no key weighs nothing
+    return p @ v, lse
+
+
+def visible(kv_lens, B, n_k, lo=0, hi=None):
+    """keep (B, n_k): keys in [lo, hi) below kv_lens[b] (all n_k when kv_lens is None)."""
+    j = torch.arange(n_k, device=DEVICE)
+    n_keys = torch.full((B,), n_k, device=DEVICE) if kv_lens is None else kv_lens.to(DEVICE)
+    return (j >= lo) & (j < (n_k if hi is None else hi)) & (j < n_keys[:, None])
+
+
+def qkv(rng, B, H_q, H_kv, n_q, n_k, D, dtype=torch.float32):
+    return randn(rng, B, H_q, n_q, D, dtype=dtype), randn(rng, B, H_kv, n_k, D, dtype=dtype), \
+        randn(rng, B, H_kv, n_k, D, dtype=dtype)
+
+
+def poison_padding(k, v, kv_lens):
+    """Padding keys (at or past kv_lens[b]) hold NaN: reading one shows up in o."""
+    pad = (torch.arange(k.shape[2], device=DEVICE) >= kv_lens.to(DEVICE)[:, None])[:, None, :, None]
+    return k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan)
+
+
+def name(q, k, kv_lens=None, num_splits=None, scale=None, fn="flash_decode") -> str:
+    extra = f", kv_lens={kv_lens.tolist()}" if kv_lens is not None else ""
+    extra += f", num_splits={num_splits}" + (f", scale={scale}" if scale is not None else "")
+    return f"{fn}(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra})"
+
+
+def tolerance(dtype) -> float:
+    return TOL["interpreted" if DEVICE == "cpu" else dtype]
+
+
+def check(ex, q, k, v, kv_lens=None, num_splits=None, scale=None, convention="", lse_convention=LSE,
+          nan_convention=""):
+    """Run flash_decode, check the inputs are unmodified, then compare o and lse with the oracle."""
+    __tracebackhide__ = True
+    before = [t.clone() for t in (q, k, v)]
+    o, lse = call(ex.flash_decode, q, k, v, kv_lens=kv_lens, num_splits=num_splits, scale=scale)
+    for t, t0, label in zip((q, k, v), before, "qkv"):
+        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
+    what = name(q, k, kv_lens, num_splits, scale)
+    assert o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), \
+        f"{what}: o must have q's dtype and shape {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(q.shape[:3]), \
+        f"{what}: lse must be float32 of shape {tuple(q.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}"
+    o_ref, lse_ref = oracle(q, k, v, visible(kv_lens, q.shape[0], k.shape[2]), scale)
+    tol = tolerance(q.dtype)
+    assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
+                 rtol=tol, atol=tol, convention=convention, nan_convention=nan_convention)
+    assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
+                 rtol=tol, atol=tol, convention=lse_convention)
+
+
+def case_id(c):
+    return "b{}-hq{}-hkv{}-nq{}-nk{}-d{}".format(*c)
+
+
+# (B, H_q, H_kv, n_q, n_k, D): GQA ratios 1, 4 and 8; the interpreter's tiles hold 16 keys and at most
+# 512 / D rows, so G·n_q = 40 and 128 rows are cut in row blocks.
+CASES = [(1, 1, 1, 1, 1, 16), (2, 2, 2, 3, 37, 16), (1, 8, 2, 1, 70, 16), (2, 8, 1, 5, 33, 16),
+         (1, 8, 1, 16, 20, 16), (1, 4, 4, 16, 17, 32)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_grouped_query_heads_match_oracle(ex, rng, case):
+    """Query heads mapped to the wrong kv head (h % H_kv, or h // H_kv), rows of the group stacked in
+    the wrong order, a group taller than one tile not cut in row blocks, tiles past n_k weighted."""
+    B, H_q, H_kv, n_q, n_k, D = case
+    check(ex, *qkv(rng, B, H_q, H_kv, n_q, n_k, D), convention=GQA)
+
+
+SPLITS = [1, 3, None, 8]  # 8 splits of at least one 16-key tile: more than 40 keys fill
+
+
+@pytest.mark.parametrize("num_splits", SPLITS, ids=[f"splits{s}" for s in SPLITS])
+def test_ragged_kv_lens_with_empty_splits(ex, rng, num_splits):
+    """Padding keys read (their NaN leaks), kv_lens ignored, an empty chunk or batch stored as NaN
+    (0 / 0, -inf - -inf) or not stored at all, the merge fooled by an empty split's partial."""
+    B, n_k = 5, 40
+    kv_lens = torch.tensor([n_k, 0, 1, 17, 33], device=DEVICE)
+    q, k, v = qkv(rng, B, 4, 2, 2, n_k, 16)
+    k, v = poison_padding(k, v, kv_lens)
+    check(ex, q, k, v, kv_lens=kv_lens, num_splits=num_splits, convention=PADDING + "; " + SPLIT,
+          lse_convention=MASKED_ROW, nan_convention=PADDING + "; " + MASKED_ROW)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5], ids=["splits2", "splits5"])
+def test_each_split_holds_exactly_its_chunk(ex, rng, num_splits):
+    """The work not split at all (split 0 doing every key), chunks overlapping or leaving gaps, a
+    partial stored in another split's slot, an empty split not written as (0, -inf)."""
+    B, H_q, H_kv, n_q, n_k, D = 3, 4, 2, 3, 70, 16
+    kv_lens = torch.tensor([n_k, 20, 0], device=DEVICE)
+    q, k, v = qkv(rng, B, H_q, H_kv, n_q, n_k, D)
+    k, v = poison_padding(k, v, kv_lens)
+    o_part, lse_part = call(ex.decode_partials, q, k, v, kv_lens=kv_lens, num_splits=num_splits)
+    what = name(q, k, kv_lens, num_splits, fn="decode_partials")
+    assert tuple(o_part.shape) == (B, H_q, n_q, num_splits, D) and tuple(lse_part.shape) == (B, H_q, n_q, num_splits), \
+        f"{what}: partials must be (B, H_q, n_q, S, D) and (B, H_q, n_q, S), got {tuple(o_part.shape)}, {tuple(lse_part.shape)}"
+    c = ex.keys_per_split(n_k, num_splits)
+    for s in range(num_splits):
+        o_ref, lse_ref = oracle(q, k, v, visible(kv_lens, B, n_k, s * c, (s + 1) * c))
+        here = f"{what}: split {s} (keys [{s * c}, {(s + 1) * c}) below kv_lens[b])"
+        assert_close(o_part[..., s, :].double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{here}, o_part (row = b, h, query)",
+                     rtol=tolerance(q.dtype), atol=tolerance(q.dtype), convention=SPLIT, nan_convention=SPLIT)
+        assert_close(lse_part[..., s].double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{here}, lse_part (row = b, h)",
+                     rtol=tolerance(q.dtype), atol=tolerance(q.dtype), convention=SPLIT)
+
+
+def merge_oracle(o_part, lse_part):
+    """Exercise 03's merge over the split axis, in float64, from torch's logsumexp."""
+    lse_part = lse_part.double()
+    lse = torch.logsumexp(lse_part, dim=-1)
+    w = torch.exp(lse_part - lse[..., None]).nan_to_num(0.0)  # all -inf: -inf - -inf, no weight
+    o = torch.where(w[..., None] == 0, 0.0, w[..., None] * o_part.double()).sum(dim=-2)
+    return o, lse
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 40], ids=["splits1", "splits3", "splits40"])
+def test_merge_kernel_applies_03_rule(ex, rng, num_splits):
+    """The merge weighting by exp(lse_s) unshifted (overflow at lse 300), an empty split's NaN o let
+    in (0 · NaN), all-empty rows giving NaN, lse left in base 2, splits past the first block of
+    splits dropped."""
+    B, H, n_q, D = 2, 3, 2, 16
+    o_part = randn(rng, B, H, n_q, num_splits, D)
+    # Rows lie hundreds apart (exp(300) overflows float32); splits of a row a few units apart, so each weighs.
+    lse_part = randn(rng, B, H, n_q, num_splits) * 3 + randn(rng, B, H, n_q, 1) * 300
+    empty = torch.from_numpy(rng.random((B, H, n_q, num_splits)) < 0.3).to(DEVICE)
+    empty[0, 0, 0] = True  # one row with every split empty
+    lse_part = lse_part.masked_fill(empty, -math.inf)
+    o_part = o_part.masked_fill(empty[..., None], math.nan)  # an empty split's o must not matter
+    o, lse = call(ex.merge_splits, o_part, lse_part)
+    o_ref, lse_ref = merge_oracle(o_part, lse_part)
+    what = f"merge_splits(o_part {tuple(o_part.shape)}, lse_part {tuple(lse_part.shape)}, ~30% of splits empty)"
+    tol = tolerance(torch.float32)
+    assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
+                 rtol=tol, atol=tol, convention=MERGE)
+    assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
+                 rtol=tol, atol=tol, convention=MERGE, nan_convention=MERGE)
+
+
+def test_strided_cache_and_transposed_queries(ex, rng):
+    """Addresses computed as if tensors were contiguous: k and v are the first n_k rows of a longer
+    cache, q a (B, n_q, H_q, D) tensor seen as (B, H_q, n_q, D)."""
+    B, H_q, H_kv, n_q, n_k, D = 2, 4, 2, 3, 29, 16
+    q = randn(rng, B, n_q, H_q, D).transpose(1, 2)
+    k, v = (randn(rng, B, H_kv, 48, D)[:, :, :n_k] for _ in range(2))
+    check(ex, q, k, v, num_splits=2, convention="index q, k and v with their strides")
+
+
+@pytest.mark.parametrize("D", [8, 24])
+def test_head_dim_not_a_power_of_two(ex, rng, D):
+    """Head dims padded wrongly, or the default scale taken from the padded width, not 1/sqrt(D)."""
+    check(ex, *qkv(rng, 1, 4, 2, 2, 23, D), num_splits=2, convention="scale defaults to 1/sqrt(D) for the caller's D")
+
+
+@pytest.mark.parametrize("scale", [0.05, 2.0])
+def test_explicit_scale(ex, rng, scale):
+    """scale ignored or applied twice, or exp2 used without the log2(e) factor."""
+    check(ex, *qkv(rng, 1, 2, 1, 2, 35, 16), num_splits=3, scale=scale,
+          convention="s = scale · q k^T; exp(x) = exp2(x · log2(e))")
+
+
+def test_large_scores_do_not_overflow(ex, rng):
+    """No max subtraction in a split, or in the merge: exp of scores in the hundreds overflows."""
+    # Multiples of 1/8 below 256 are exact in tf32 too, so the large scores carry no rounding error.
+    q, k = ((randn(rng, *shape) * 12 * 8).round().clamp(-2040, 2040) / 8 for shape in ((1, 4, 3, 16), (1, 2, 45, 16)))
+    check(ex, q, k, randn(rng, 1, 2, 45, 16), num_splits=3, convention="subtract the running max before exp2")
+
+
+def test_matches_torch_sdpa_with_gqa(ex, rng):
+    """The same answer as torch's scaled_dot_product_attention(enable_gqa=True), an oracle no
+    exercise wrote."""
+    q, k, v = qkv(rng, 2, 8, 2, 4, 50, 16)
+    o, _ = call(ex.flash_decode, q, k, v, num_splits=3)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    tol = tolerance(q.dtype)
+    assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, None, 3)}: o vs torch SDPA",
+                 rtol=tol, atol=tol, convention=GQA)
+
+
+@pytest.mark.given
+@pytest.mark.skipif(DEVICE != "cpu", reason="tests the interpreter: compiled, bfloat16 works")
+def test_interpreter_refuses_bfloat16(ex, rng):
+    """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
+    q, k, v = qkv(rng, 1, 2, 1, 1, 7, 16)
+    with pytest.raises(ValueError, match="bfloat16"):
+        ex.flash_decode(q.bfloat16(), k.bfloat16(), v.bfloat16())
+
+
+def _tensor(*values):
+    return torch.tensor(values, device=DEVICE)
+
+
+BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_decode, words the ValueError must contain)
+    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
+    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
+    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
+    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    "nq-17": (lambda q, k: dict(q=q.new_zeros(2, 4, 17, 16), k=k, v=k), "n_q"),
+    "hq-not-multiple": (lambda q, k: dict(q=q[:, :3], k=k, v=k), "multiple"),
+    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 4, 3, 257), k=k.new_zeros(2, 2, 7, 257),
+                                       v=k.new_zeros(2, 2, 7, 257)), "head dimension"),
+    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
+    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
+    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
+    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
+    "splits-0": (lambda q, k: dict(q=q, k=k, v=k, num_splits=0), "num_splits"),
+    "splits-float": (lambda q, k: dict(q=q, k=k, v=k, num_splits=2.0), "num_splits"),
+    "kv-lens-shape": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7, 7, 7)), "kv_lens"),
+    "kv-lens-float": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7.0, 7.0)), "kv_lens"),
+    "kv-lens-over-nk": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7, 8)), "kv_lens"),
+    "kv-lens-negative": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(-1, 3)), "kv_lens"),
+    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
+}
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
+    """The wrapper names the problem (shape, dtype, device, n_q, heads, num_splits, kv_lens, scale)
+    before any launch."""
+    build, words = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=words):
+        ex.flash_decode(**build(randn(rng, 2, 4, 3, 16), randn(rng, 2, 2, 7, 16)))
+
+
+
+# (B, H_q, H_kv, n_q, n_k, D) at real sizes: the benchmark's heads, ragged lengths, D 64 to 256
+GPU_CASES = [(2, 32, 8, 1, 4099, 128), (3, 32, 8, 16, 2000, 128), (2, 8, 8, 4, 3001, 64),
+             (1, 16, 2, 7, 1500, 256), (2, 32, 1, 16, 777, 128), (4, 12, 4, 2, 1000, 80)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 7, None], ids=["splits1", "splits7", "splitsNone"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_gpu_compiled_matches_oracle(ex, rng, case, dtype, num_splits):
+    """Compiled-only bugs: half-precision casts, tile bounds at real sizes, groups of 8 with 16 rows
+    (128-row tiles) and of 32 with 16 rows (row blocks), head dims 64 to 256."""
+    B, H_q, H_kv, n_q, n_k, D = case
+    check(ex, *qkv(rng, B, H_q, H_kv, n_q, n_k, D, dtype=skip_unless_supported(dtype)), num_splits=num_splits,
+          convention=GQA + "; " + SPLIT)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [5, None, 300], ids=["splits5", "splitsNone", "splits300"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gpu_ragged_kv_lens(ex, rng, dtype, num_splits):
+    """Padding keys read or weighted at real sizes; empty splits and zero-length batches give 0 and -inf."""
+    n_k = 5000
+    kv_lens = _tensor(0, 1, 63, 64, 2500, n_k)
+    q, k, v = qkv(rng, 6, 32, 8, 2, n_k, 128, dtype=skip_unless_supported(dtype))
+    k, v = poison_padding(k, v, kv_lens)
+    check(ex, q, k, v, kv_lens=kv_lens, num_splits=num_splits, convention=PADDING + "; " + SPLIT,
+          lse_convention=MASKED_ROW, nan_convention=PADDING + "; " + MASKED_ROW)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_partials_at_real_tile_sizes(ex, rng):
+    """Chunk bounds at the compiled kernel's tile size: each split's partial against its chunk."""
+    B, H_q, H_kv, n_q, n_k, D, num_splits = 2, 8, 2, 2, 1000, 64, 3
+    kv_lens = _tensor(n_k, 400)
+    q, k, v = qkv(rng, B, H_q, H_kv, n_q, n_k, D, dtype=torch.float16)
+    o_part, lse_part = call(ex.decode_partials, q, k, v, kv_lens=kv_lens, num_splits=num_splits)
+    c = ex.keys_per_split(n_k, num_splits)
+    for s in range(num_splits):
+        o_ref, lse_ref = oracle(q, k, v, visible(kv_lens, B, n_k, s * c, (s + 1) * c))
+        what = f"{name(q, k, kv_lens, num_splits, fn='decode_partials')}: split {s}"
+        assert_close(o_part[..., s, :].double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}, o_part",
+                     rtol=5e-3, atol=5e-3, convention=SPLIT)
+        assert_close(lse_part[..., s].double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}, lse_part",
+                     rtol=5e-3, atol=5e-3, convention=SPLIT)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_more_than_65535_programs(ex, rng):
+    """A grid with (batch·kv head, split) on two axes: CUDA's second axis stops at 65535 programs."""
+    q, k, v = qkv(rng, 3000, 8, 8, 1, 64, 64, dtype=torch.float16)  # 3000 · 8 · 3 = 72000 programs
+    check(ex, q, k, v, num_splits=3, convention="any B·H_kv·splits works: one grid axis")
