@@ -16,16 +16,11 @@ attention (matmul, softmax, matmul). Without a CUDA device it says so and return
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import shutil
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
-from kata import io_report
-from kata.exercises import ROOT, SOLUTIONS_DIR, find, load
+from kata.exercises import SOLUTIONS_DIR, find, load
 from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
@@ -323,6 +318,7 @@ def main(target: Path, argv: list[str]) -> int:
             return 2
         return decode(target, argv[1:])
     if argv[:1] == ["paper"]:
+        from kata.bench_paper import paper
         torch = gpu_torch()
         return 2 if torch is None else paper(torch, target)
     args = parse(argv)
@@ -345,171 +341,3 @@ def main(target: Path, argv: list[str]) -> int:
         if not args.no_plot:
             plot(rows, list(table), args.plot_backward, "bwd_tflops", "backward ")
     return 0
-
-
-# ---- python grader.py --bench paper: the paper's Figure 2 (left) on this GPU ----------------------
-
-PAPER_B, PAPER_H, PAPER_N, PAPER_D = io_report.BATCH, io_report.HEADS, io_report.N_GPT2, io_report.D
-PAPER_A100 = {"standard": {"gflops": 66.6, "hbm": 40.3, "ms": 41.7},  # Dao et al. 2022, Figure 2 (left)
-              "flash": {"gflops": 75.2, "hbm": 4.4, "ms": 7.3}}
-NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-STANDARD = "standard (PyTorch)"
-PAPER_NOTES = """\
-GFLOPs counted: 4·B·H·n²·d for the forward, halved for causal, 2.5x that for the backward: the
-  same count for both, as benchmarks report it. Executed: the matmuls the code runs: standard
-  attention computes every score (6 matmuls over all n² pairs, the mask applied after), the
-  kata's kernels skip the tiles above the diagonal but run 9 matmuls (S and dP twice, no atomics).
-  The paper does not say how its GFLOPs are counted: compare the ratios, not the numbers.
-HBM model: the closed forms of exercises 05 and 08 (solutions/), block 128, causal; it leaves out
-  the L2 cache, PyTorch's extra passes over S and P for the mask and scale, and the kernels' own
-  block sizes. Measured: DRAM bytes read + written by every kernel of one forward + backward,
-  from Nsight Compute (L2 hits are not DRAM traffic, so this can come out below the model)."""
-
-
-def standard_attention(torch, q, k, v):
-    """Causal attention as PyTorch runs it step by step: matmul, mask, softmax, matmul."""
-    n = q.shape[-2]
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
-    return torch.softmax(s, dim=-1) @ v
-
-
-def paper_methods(torch, target: Path) -> dict:
-    """column name -> attention(q, k, v) -> o, causal, differentiable."""
-    kata = {n: fn for n, fn in methods(torch, target, "09").items() if n in (YOURS, REFERENCE)}
-    return {STANDARD: partial(standard_attention, torch),
-            **{f"{n} (09)": partial(fn, causal=True) for n, fn in kata.items()}}
-
-
-def paper_step(torch, fn):
-    """A forward + backward step on the paper's inputs (fp16, seeded) and the leaves it fills."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(PAPER_B, PAPER_H, PAPER_N, PAPER_D, device="cuda", dtype=torch.float16, generator=gen)
-                   for _ in range(4))
-    leaves = [t.requires_grad_() for t in (q, k, v)]
-
-    def step():
-        for t in leaves:
-            t.grad = None
-        fn(*leaves).backward(do)
-    return step, leaves
-
-
-def paper_flops(name: str) -> tuple[float, float]:
-    """(counted, executed) GFLOPs of one forward + backward step of `name`."""
-    matmul = 2 * PAPER_B * PAPER_H * PAPER_N * PAPER_N * PAPER_D  # one n x n x d matmul over every head
-    counted = (1 + BACKWARD_FLOPS) * 2 * matmul / 2
-    # The kata's kernels visit the tiles on and below the diagonal: about (n + block) / 2n of them.
-    executed = 6 * matmul if name == STANDARD else 9 * matmul * (PAPER_N + 128) / (2 * PAPER_N)
-    return counted / 1e9, executed / 1e9
-
-
-def paper_model_gb() -> dict:
-    """HBM reads + writes in GB of one forward + backward, standard and flash, from 05's and 08's closed forms."""
-    fwd, bwd = load(find("05"), SOLUTIONS_DIR), load(find("08"), SOLUTIONS_DIR)
-    out = {}
-    for kind in ("standard", "flash"):
-        elements = (sum(io_report._io(fwd, f"{kind}_attention_io", PAPER_N, True))
-                    + sum(io_report._io(bwd, f"{kind}_backward_io", PAPER_N, True)))
-        out[kind] = elements * io_report.BYTES_FP16 * PAPER_H * PAPER_B / io_report.GB
-    return out
-
-
-def ncu_bytes(text: str) -> int:
-    """Sum of the DRAM read and write metrics over every kernel in `ncu --csv` output."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
-    if start is None:
-        raise ValueError("no CSV table in ncu's output (were any kernels profiled?)")
-    scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1}
-    total = 0.0
-    for row in csv.DictReader(lines[start:]):
-        if row.get("Metric Name") in NCU_METRICS:
-            total += float(row["Metric Value"].replace(",", "")) * scale[row.get("Metric Unit") or "byte"]
-    return int(total)
-
-
-def ncu_traffic_gb(column: str, target: Path) -> float | str:
-    """GB of DRAM traffic of one forward + backward of `column`, measured by Nsight Compute in a
-    subprocess, or why there is no measurement."""
-    exe = shutil.which("ncu")
-    if exe is None:
-        return "ncu not installed"
-    cmd = [exe, "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS), "--csv", "--print-units", "base",
-           sys.executable, "-m", "kata.bench", "paper-step", column, str(target)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return "ncu timed out"
-    if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
-        return "ncu not allowed (ERR_NVGPUCTRPERM)"
-    try:
-        return ncu_bytes(done.stdout) / 1e9
-    except (ValueError, KeyError) as err:
-        last = (done.stderr.strip() or done.stdout.strip() or str(err)).splitlines()[-1]
-        return f"ncu failed: {last[:50]}"
-
-
-def paper_table(columns: dict, model: dict, device: str) -> str:
-    """The Figure 2 table: our columns (name -> {'counted', 'executed', 'ms', 'gib', 'ncu'} or
-    {'note'}) beside the paper's A100 numbers; `model` holds the IO model's GB per kind."""
-    from tabulate import tabulate
-
-    def value(col: dict, key: str, fmt: str) -> str:
-        if "note" in col:
-            return col["note"]
-        return col[key] if isinstance(col[key], str) else format(col[key], fmt)
-
-    kinds = {name: "standard" if name == STANDARD else "flash" for name in columns}
-    rows = [["GFLOPs, counted"] + [value(c, "counted", ".1f") for c in columns.values()],
-            ["GFLOPs, executed"] + [value(c, "executed", ".1f") for c in columns.values()],
-            ["HBM R/W GB, model (05 + 08)"] + [f"{model[kinds[n]]:.1f}" for n in columns],
-            ["HBM R/W GB, measured (ncu)"] + [value(c, "ncu", ".1f") for c in columns.values()],
-            ["runtime, ms"] + [value(c, "ms", ".2f") for c in columns.values()],
-            ["peak memory, GiB"] + [value(c, "gib", ".2f") for c in columns.values()]]
-    paper = [[PAPER_A100["standard"]["gflops"], PAPER_A100["flash"]["gflops"]], ["-", "-"],
-             [PAPER_A100["standard"]["hbm"], PAPER_A100["flash"]["hbm"]], ["-", "-"],
-             [PAPER_A100["standard"]["ms"], PAPER_A100["flash"]["ms"]], ["-", "-"]]
-    body = [row + [str(x) for x in extra] for row, extra in zip(rows, paper)]
-    head = [""] + list(columns) + ["paper A100: standard", "paper A100: FlashAttention"]
-    title = (f"GPT-2 medium attention, forward + backward ({PAPER_B} x {PAPER_H} heads, n {PAPER_N}, d {PAPER_D}, "
-             f"causal, fp16) on {device}, beside the paper's Figure 2 (left)")
-    return "\n".join([title, tabulate(body, head, stralign="right", disable_numparse=True), "", PAPER_NOTES])
-
-
-def paper(torch, target: Path) -> int:
-    from triton.testing import do_bench
-    columns = {}
-    for column, fn in paper_methods(torch, target).items():
-        counted, executed = paper_flops(column)
-
-        def timed(fn=fn):
-            step, _ = paper_step(torch, fn)
-            gib = _peak_mib(torch, step) / 1024
-            return {"ms": do_bench(step, warmup=5, rep=50, return_mode="median"), "gib": gib}
-        columns[column] = {"counted": counted, "executed": executed, **_guarded(torch, timed)}
-        if "note" not in columns[column]:
-            columns[column]["ncu"] = ncu_traffic_gb(column, target)
-        print(f"{column}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                        for k, v in columns[column].items()), flush=True)
-    print(paper_table(columns, paper_model_gb(), torch.cuda.get_device_name()))
-    if shutil.which("ncu") is None:
-        print("Nsight Compute (ncu) is not installed: the HBM traffic above is the model's alone.")
-    return 0
-
-
-def _profile_paper_step(column: str, target: Path) -> None:
-    """Run under ncu --profile-from-start off: warm up (compile, autotune), then one profiled step."""
-    import torch
-    step, _ = paper_step(torch, paper_methods(torch, target)[column])
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["paper-step"]:
-    _profile_paper_step(sys.argv[2], Path(sys.argv[3]))

@@ -3,7 +3,7 @@ Compute's CSV, and the dispatch to the decoding benchmark, on made-up numbers (t
 import sys
 import types
 
-from kata import bench
+from kata import bench, bench_paper
 
 NAMES = ["yours", "reference", "sdpa default", "sdpa flash", "naive"]
 
@@ -39,11 +39,11 @@ def test_backward_tables_show_every_method_and_note():
 
 def test_backward_counts_two_and_a_half_forwards():
     assert bench.BACKWARD_FLOPS == 2.5
-    counted, executed = bench.paper_flops(bench.STANDARD)
+    counted, executed = bench_paper.paper_flops(bench_paper.STANDARD)
     matmul = 2 * 64 * 16 * 1024 * 1024 * 64
     assert round(counted * 1e9) == round(3.5 * matmul)  # (1 + 2.5) x the causal forward's 2 matmuls / 2
     assert round(executed * 1e9) == 6 * matmul  # standard attention computes every score
-    assert bench.paper_flops("yours (09)")[1] < executed
+    assert bench_paper.paper_flops("yours (09)")[1] < executed
 
 
 NCU_CSV = '''==PROF== Connected to process 123
@@ -57,12 +57,12 @@ NCU_CSV = '''==PROF== Connected to process 123
 
 def test_ncu_csv_sums_reads_and_writes_over_every_kernel():
     """Thousands separators, units and the profiler's own lines before the table."""
-    assert bench.ncu_bytes(NCU_CSV) == 1_000_000 + 250_000 + 2_500_000
+    assert bench_paper.ncu_bytes(NCU_CSV) == 1_000_000 + 250_000 + 2_500_000
 
 
 def test_ncu_output_without_a_table_is_an_error():
     try:
-        bench.ncu_bytes("==PROF== No kernels were profiled.\n")
+        bench_paper.ncu_bytes("==PROF== No kernels were profiled.\n")
     except ValueError as err:
         assert "no CSV table" in str(err)
     else:
@@ -70,9 +70,9 @@ def test_ncu_output_without_a_table_is_an_error():
 
 
 def test_paper_table_puts_the_a100_figures_beside_ours():
-    columns = {bench.STANDARD: {"counted": 481.0, "executed": 824.6, "ms": 30.0, "gib": 9.5, "ncu": 35.2},
+    columns = {bench_paper.STANDARD: {"counted": 481.0, "executed": 824.6, "ms": 30.0, "gib": 9.5, "ncu": 35.2},
                "yours (09)": {"counted": 481.0, "executed": 695.8, "note": "not started"}}
-    text = bench.paper_table(columns, {"standard": 30.9, "flash": 4.7}, "NVIDIA H200")
+    text = bench_paper.paper_table(columns, {"standard": 30.9, "flash": 4.7}, "NVIDIA H200")
     assert "on NVIDIA H200" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("HBM R/W GB, model"))
     assert line.split()[-4:] == ["30.9", "4.7", "40.3", "4.4"]
@@ -82,7 +82,7 @@ def test_paper_table_puts_the_a100_figures_beside_ours():
 
 
 def test_paper_model_reads_the_closed_forms_of_05_and_08():
-    gb = bench.paper_model_gb()
+    gb = bench_paper.paper_model_gb()
     assert 25 < gb["standard"] < 45 and 2 < gb["flash"] < 8  # the paper measured 40.3 and 4.4
 
 
