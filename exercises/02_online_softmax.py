@@ -23,8 +23,10 @@ In the paper
 
 Conventions
     - The pass runs over the last axis in chunks of block_size columns; the last chunk may be
-      shorter. Leading axes are independent rows. block_size < 1 is a ValueError whose message
-      names block_size.
+      shorter. The normalising pass too fills p block by block: no operation looks at more than
+      block_size columns of a row, since in FlashAttention a whole row never exists at once.
+      Leading axes are independent rows. block_size < 1 is a ValueError whose message names
+      block_size.
     - A fully masked row (all -inf) has m = -inf, l = 0 and weights of all 0. Never NaN.
       A row whose first blocks are all -inf must still come out exact: while m is -inf there is
       no max to shift by yet, and -inf - (-inf) is NaN.

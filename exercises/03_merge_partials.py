@@ -62,8 +62,9 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, num_splits: 
                        scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Attention of `q (n_q, d)` over `k (n_k, d)`, `v (n_k, d_v)`, the keys cut in `num_splits` chunks.
 
-    The chunks are contiguous, in the sizes np.array_split gives (empty ones when num_splits > n_k);
-    each is attended with attention_partial and merged with merge_partials.
+    The chunks are contiguous and in order, none longer than ceil(n_k / num_splits) keys, e.g. in
+    the sizes np.array_split gives (empty ones when num_splits > n_k); each is attended with
+    attention_partial and merged with merge_partials.
     Returns `o (n_q, d_v)` and `lse (n_q,)`, equal to attention over all keys at once.
     """
     # TODO: start from the merge's identity, then fold in one chunk of keys at a time.

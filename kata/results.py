@@ -103,7 +103,8 @@ def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | Non
         where = Failure.of(hung) if hung else Failure(running or "(before the first test)", "")
         if hung:
             limit = re.search(r"Timeout \(>([\d.]+)s\)", hung.error["message"])
-            where.message = (f"too slow: test {hung.name} ran over {float(limit.group(1)) if limit else '?':g} s, "
+            seconds = f"{float(limit.group(1)):g}" if limit else "?"
+            where.message = (f"too slow: test {hung.name} ran over {seconds} s, "
                              f"the most one test may take (half the exercise's --timeout)")
         else:
             where.message = (f"too slow: over {killed_after:.0f} s, the most this exercise's tests may take in all "

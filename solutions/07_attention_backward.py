@@ -34,7 +34,7 @@ The loop order (FlashAttention-2)
     dQ_i sums over key blocks and is added to in HBM (on a GPU: atomics, or exercise 09's split).
 
 In the paper
-    FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B: eq. (4) shows D_i = do_iᵀ o_i.
+    FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B.2 shows D_i = do_iᵀ o_i.
     Its backward, Algorithm 4, has this loop order too (key blocks outside), but rebuilds P from
     the max m and the sum ℓ kept apart, P_ij = diag(ℓ_i)⁻¹ exp(S_ij − m_i), and computes
     D_i = rowsum(dO_i ∘ O_i) inside the inner loop, once per tile (line 19). FlashAttention-2

@@ -2,6 +2,8 @@
 
 Each test's name says the bug it catches; mutants/03_merge_partials.toml holds those bugs.
 """
+import inspect
+
 import numpy as np
 import pytest
 
@@ -261,39 +263,43 @@ def test_split_kv_scale(ex, rng, scale):
 
 
 CHUNKS = [(10, 3), (7, 4), (3, 5), (9, 9)]
+CONTIGUOUS = ("num_splits contiguous chunks, in order, each key in exactly one; none longer than "
+              "ceil(n_k / num_splits) keys (np.array_split's sizes are one choice); empty ones may be skipped")
 
 
 @pytest.mark.parametrize("n_k, num_splits", CHUNKS, ids=[f"nk{n}-splits{s}" for n, s in CHUNKS])
-def test_split_kv_chunks_are_contiguous_in_array_split_sizes(ex, rng, monkeypatch, n_k, num_splits):
-    """Chunks taken with a stride (k[s::num_splits]) or in other sizes than np.array_split's: the
-    merge makes the answer right either way, so only the chunks themselves show it. Split-KV
-    decoding gives each split one contiguous slice of the cache, and exercise 10 builds on that.
+def test_split_kv_chunks_are_contiguous(ex, rng, monkeypatch, n_k, num_splits):
+    """Chunks taken with a stride (k[s::num_splits]), out of order, overlapping, or fewer and longer
+    than num_splits asks: the merge makes the answer right either way, so only the chunks
+    themselves show it. Split-KV decoding gives each split one contiguous slice of the cache.
 
-    attention_partial is wrapped to record the keys of each call; empty chunks may be skipped.
+    attention_partial is wrapped to record the keys of each call (however its arguments are passed).
     """
     q, k, v = random_qkv(rng, 3, n_k, 4, 2)
     calls = []
     attention_partial = ex.attention_partial
+    signature = inspect.signature(attention_partial)
 
-    def recorded(q_, k_, v_, *args, **kwargs):
-        calls.append(np.array(k_, copy=True))
-        return attention_partial(q_, k_, v_, *args, **kwargs)
+    def recorded(*args, **kwargs):
+        calls.append(np.array(signature.bind(*args, **kwargs).arguments["k"], copy=True))
+        return attention_partial(*args, **kwargs)
 
     monkeypatch.setattr(ex, "attention_partial", recorded)
     ex.split_kv_attention(q, k, v, num_splits)
     what = f"split_kv_attention(q (3, 4), k ({n_k}, 4), v ({n_k}, 2), num_splits={num_splits})"
-    expected = [chunk.tolist() for chunk in np.array_split(np.arange(n_k), num_splits) if chunk.size]
     if not calls:
         raise AssertionError(f"{what} never called attention_partial\n  convention: {SPLIT}; "
                              f"attend each chunk with attention_partial, merge with merge_partials")
     got = []
     for keys in calls:
-        rows = [int(np.flatnonzero((k == row).all(axis=1))[0]) if (k == row).all(axis=1).any() else None
-                for row in keys.reshape(-1, k.shape[1])]
-        if None in rows:
-            raise AssertionError(f"{what}: attention_partial was given keys that are not rows of k")
-        if rows:
-            got.append(rows)
-    if got != expected:
-        raise AssertionError(f"{what}: the chunks attended held keys {got}\n  expected: {expected}\n"
-                             f"  convention: contiguous chunks in the sizes np.array_split gives, in order")
+        matches = [np.flatnonzero((k == row).all(axis=1)) for row in keys.reshape(-1, k.shape[1])]
+        if any(m.size == 0 for m in matches):
+            raise AssertionError(f"{what}: attention_partial was given keys that are not rows of k\n"
+                                 f"  convention: each chunk is k[start:stop], its rows as they are")
+        if matches:
+            got.append([int(m[0]) for m in matches])
+    longest = -(-n_k // num_splits)
+    contiguous = all(chunk == list(range(chunk[0], chunk[0] + len(chunk))) for chunk in got)
+    if not contiguous or sum(got, []) != list(range(n_k)) or len(got) > num_splits \
+            or max(map(len, got)) > longest:
+        raise AssertionError(f"{what}: the chunks attended held keys {got}\n  convention: {CONTIGUOUS}")

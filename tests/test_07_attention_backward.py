@@ -335,7 +335,7 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
     watched (tests/oracles.py, `watch`): each NumPy operation on them records the rows it read. Each
     read must lie in one key block, and the key blocks read, in order, must be the scheduled ones,
     ascending, each in one stretch. Code that hides its reads (np.asarray(k) hands back a plain array)
-    is not checked here.
+    cannot be checked here: the test is then reported skipped, with that reason.
     """
     q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
     mask = None
@@ -351,6 +351,9 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
                                 causal=causal, mask=mask)
     what = (f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, "
             f"block_q={block_q}, block_k={block_k}, causal={causal}{', mask' if masked else ''})")
+    if not k_seen.log and not v_seen.log:
+        pytest.skip("k and v were converted (np.asarray, np.array, ...): their reads cannot be watched, so the "
+                    "loop order is not checked")
     for name, seen in (("k", k_seen), ("v", v_seen)):
         order = []
         for index in seen.log:

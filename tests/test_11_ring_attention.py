@@ -79,8 +79,8 @@ def check_passing(label, results, causal):
     """Inputs untouched, the right shards attended once each, world - 1 shards sent and received."""
     __tracebackhide__ = True
     for rank, r in enumerate(results):
-        assert not r["modified"], (f"{label}: rank {rank}: {', '.join(r['modified'])} was modified in place: inputs "
-                                   f"are never modified (receive into new buffers)")
+        assert not r["modified"], (f"{label}: rank {rank}: {', '.join(r['modified'])} was modified in place\n"
+                                   f"  convention: inputs are never modified (receive into new buffers)")
     for rank, r in enumerate(results):
         expected = list(range(r["ring_rank"] + 1 if causal else r["ring_size"]))
         assert sorted(r["steps"]) == expected, (
