@@ -29,8 +29,15 @@ def progress(results: list[ExerciseResult]) -> str:
 
 def summary(results: list[ExerciseResult], target_label: str) -> str:
     """The whole report: title, table, progress bar and the next step."""
-    parts = [f"FlashAttention Kata: testing {target_label}", "", table(results), "", progress(results), ""]
+    parts = [f"FlashAttention Kata: testing {target_label}", "", table(results), *skipped_why(results), "",
+             progress(results), ""]
     return "\n".join(parts + [next_step(results)])
+
+
+def skipped_why(results: list[ExerciseResult]) -> list[str]:
+    """Why each exercise that could not run here was skipped, in full: the table's note is cut."""
+    return [line for r in results if r.status == SKIPPED
+            for line in _wrap(f"{r.exercise.number} skipped: {r.note}", indent="")]
 
 
 def next_step(results: list[ExerciseResult]) -> str:

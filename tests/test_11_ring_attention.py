@@ -20,7 +20,7 @@ from kata import ring  # noqa: E402 - only once torch is known to import
 
 WHY_NOT = ring.unavailable()
 if WHY_NOT:
-    pytest.skip(f"exercise 11 needs torch.distributed and local processes: {WHY_NOT}", allow_module_level=True)
+    pytest.skip(f"needs torch.distributed and local processes: {WHY_NOT}", allow_module_level=True)
 
 MERGE = "merged lse = logaddexp(lse_a, lse_b); each side weighs exp(lse_side - lse)"
 EMPTY = "a side with lse = -inf is the identity of the merge, whatever its o holds; two give (0, -inf)"
