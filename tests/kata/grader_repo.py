@@ -2,8 +2,8 @@
 
 A copy holds the grader (grader.py, kata/, pytest.ini, tests/conftest.py and the tests' oracles) and
 only the exercises a test asks for: the real 01, or small made-up exercises whose learner file is
-whatever the test needs (a syntax error, an endless loop, ...). Exercises 02-06 of the checkout are
-never needed.
+whatever the test needs (a syntax error, an endless loop, ...). The checkout's other exercises are
+never copied.
 """
 from __future__ import annotations
 
