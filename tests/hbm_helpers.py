@@ -48,6 +48,17 @@ def check_moves(hbm: HBM, expected: dict, what: str, convention: str) -> None:
                                         f"  convention: {convention}"]))
 
 
+def check_counts(hbm: HBM, closed_form, expected: dict, what: str, convention: str, shape: tuple,
+                 causal: bool) -> None:
+    """Each array's moves against the hand count, then the closed form against the same totals."""
+    __tracebackhide__ = True
+    check_moves(hbm, expected, what, convention)
+    closed = tuple(closed_form(*shape, causal=causal))
+    assert closed == (hbm.reads, hbm.writes) == totals(expected), (
+        f"{closed_form.__name__}{(*shape, causal)} = {closed}, the simulation moved "
+        f"{(hbm.reads, hbm.writes)}, the hand count is {totals(expected)} (reads, writes)")
+
+
 def totals(moves: dict) -> tuple[int, int]:
     """(reads, writes) summed over the arrays of a hand count."""
     return sum(r for r, _ in moves.values()), sum(w for _, w in moves.values())

@@ -8,7 +8,7 @@ pair. Outputs are checked against a dense float64 oracle. mutants/05_io_counting
 import numpy as np
 import pytest
 
-from hbm_helpers import call_counted, check_moves, check_outputs, check_times, totals
+from hbm_helpers import call_counted, check_counts, check_outputs, check_times, totals
 from kata.hbm import HBM
 from oracles import allowed_pairs, case_id, scores, weights
 
@@ -87,16 +87,6 @@ def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None):
     what = call(function.__name__, n, d, block_q, block_k, causal, scale)
     call_counted(function, hbm, what, block_q, block_k, causal=causal, scale=scale, fits=fits)
     return hbm, (q, k, v), what
-
-
-def check_counts(hbm, closed_form, expected, what, convention, shape, causal):
-    """Each array's moves against the hand count, then the closed form against the same totals."""
-    __tracebackhide__ = True
-    check_moves(hbm, expected, what, convention)
-    closed = tuple(closed_form(*shape, causal=causal))
-    assert closed == (hbm.reads, hbm.writes) == totals(expected), (
-        f"{closed_form.__name__}{(*shape, causal)} = {closed}, the simulation moved "
-        f"{(hbm.reads, hbm.writes)}, the hand count is {totals(expected)} (reads, writes)")
 
 
 @pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)

@@ -12,8 +12,9 @@ import pytest
 from kata.checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
-from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
-                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+# Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
+from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, WRAPPER_BAD_INPUTS, call, gpu,  # noqa: E402
+                            poisoned_buffers, randn, skip_unless_supported)  # noqa: F401 (a fixture)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -187,22 +188,10 @@ def test_interpreter_refuses_bfloat16(ex, rng):
         ex.flash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16())
 
 
-BAD_INPUTS = {  # id: (build(rng) -> kwargs for flash_attention, words the ValueError must contain)
-    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
-    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
-    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
-    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_attention, words the ValueError must contain)
+    **WRAPPER_BAD_INPUTS, **KV_LENS_BAD_INPUTS,
     "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
                                        v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
-    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
-    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
-    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
-    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
-    "kv-lens-shape": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 7, 7], device=DEVICE)), "kv_lens"),
-    "kv-lens-float": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7.0, 7.0], device=DEVICE)), "kv_lens"),
-    "kv-lens-over-nk": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 8], device=DEVICE)), "kv_lens"),
-    "kv-lens-negative": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([-1, 3], device=DEVICE)), "kv_lens"),
-    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
 }
 
 

@@ -13,8 +13,9 @@ import pytest
 from kata.checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
-from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
-                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+# Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
+from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu, poisoned_buffers,  # noqa: E402
+                            randn, skip_unless_supported)  # noqa: F401 (a fixture)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -203,17 +204,9 @@ def test_interpreter_refuses_bfloat16(ex, rng):
 
 
 BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_attention, words the ValueError must contain)
-    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
-    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
-    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
-    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    **WRAPPER_BAD_INPUTS,
     "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
                                        v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
-    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
-    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
-    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
-    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
-    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
 }
 
 

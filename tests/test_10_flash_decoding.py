@@ -12,8 +12,9 @@ import pytest
 from kata.checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch")
-from triton_helpers import (DEVICE, DTYPES, call, gpu, poisoned_buffers, randn,  # noqa: E402,F401 (a fixture)
-                            skip_unless_supported)  # sets TRITON_INTERPRET=1 without CUDA: before Triton loads
+# Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
+from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, WRAPPER_BAD_INPUTS, call, gpu,  # noqa: E402
+                            poisoned_buffers, randn, skip_unless_supported)  # noqa: F401 (a fixture)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -238,25 +239,13 @@ def _tensor(*values):
 
 
 BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_decode, words the ValueError must contain)
-    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
-    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
-    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
-    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    **WRAPPER_BAD_INPUTS, **KV_LENS_BAD_INPUTS,
     "nq-17": (lambda q, k: dict(q=q.new_zeros(2, 4, 17, 16), k=k, v=k), "n_q"),
     "hq-not-multiple": (lambda q, k: dict(q=q[:, :3], k=k, v=k), "multiple"),
     "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 4, 3, 257), k=k.new_zeros(2, 2, 7, 257),
                                        v=k.new_zeros(2, 2, 7, 257)), "head dimension"),
-    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
-    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
-    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
-    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
     "splits-0": (lambda q, k: dict(q=q, k=k, v=k, num_splits=0), "num_splits"),
     "splits-float": (lambda q, k: dict(q=q, k=k, v=k, num_splits=2.0), "num_splits"),
-    "kv-lens-shape": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7, 7, 7)), "kv_lens"),
-    "kv-lens-float": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7.0, 7.0)), "kv_lens"),
-    "kv-lens-over-nk": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(7, 8)), "kv_lens"),
-    "kv-lens-negative": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=_tensor(-1, 3)), "kv_lens"),
-    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
 }
 
 

@@ -22,6 +22,27 @@ INTERPRETED = DEVICE == "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
+# Inputs every kernel wrapper refuses with a ValueError before launching anything, given q (2, H, 5, 16)
+# and k (2, H_kv, 7, 16): id -> (build(q, k) -> the call's keyword arguments, words the message must hold).
+WRAPPER_BAD_INPUTS = {
+    "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
+    "float64": (lambda q, k: dict(q=q.double(), k=k.double(), v=k.double()), "dtype"),
+    "k-dtype": (lambda q, k: dict(q=q, k=k.half(), v=k), "dtype"),
+    "k-device": (lambda q, k: dict(q=q, k=k.to("meta"), v=k), "device"),
+    "d-mismatch": (lambda q, k: dict(q=q, k=k[..., :8], v=k[..., :8]), "shape"),
+    "kv-n-mismatch": (lambda q, k: dict(q=q, k=k, v=k[:, :, :6]), "shape"),
+    "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
+    "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
+    "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
+}
+# The same for wrappers that take kv_lens (B,), the valid lengths of a batch of n_k = 7 keys.
+KV_LENS_BAD_INPUTS = {
+    "kv-lens-shape": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 7, 7], device=DEVICE)), "kv_lens"),
+    "kv-lens-float": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7.0, 7.0], device=DEVICE)), "kv_lens"),
+    "kv-lens-over-nk": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([7, 8], device=DEVICE)), "kv_lens"),
+    "kv-lens-negative": (lambda q, k: dict(q=q, k=k, v=k, kv_lens=torch.tensor([-1, 3], device=DEVICE)), "kv_lens"),
+}
+
 
 def stub_message(err: BaseException) -> str | None:
     """The stub's message when `err` comes from a stubbed @triton.jit body, else None.
