@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from kata.runner import DEFAULT_TIMEOUT, GPU_FACTOR
+from kata.grader.runner import DEFAULT_TIMEOUT, GPU_FACTOR
 
 COMMANDS = ("hint", "reset", "solution", "doctor")
 
@@ -92,12 +92,12 @@ def refuse_mismatches(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
-    from kata import commands
+    from kata.grader import commands
     from kata.exercises import EXERCISES, find, resolve_target
 
     words = args.words
     if words[:1] == ["doctor"]:
-        from kata.doctor import main
+        from kata.grader.doctor import main
         return main()
     target = resolve_target(args.solutions, args.target)
     if args.show:
@@ -106,19 +106,19 @@ def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
     if args.bench:
         return commands.run_bench(target, rest)
     if args.watch:
-        from kata.watch import watch
+        from kata.grader.watch import watch
         return watch(target, args.timeout, args.max_runs, args.poll)
     if words and words[0] in COMMANDS:
         command, keys = words[0], words[1:]
         if command == "reset":
-            from kata.reset import reset
+            from kata.grader.reset import reset
             if not keys and not args.all:
                 raise LookupError("reset which exercise? e.g. python grader.py reset 03 (or reset --all)")
             return reset(EXERCISES if args.all else [find(k) for k in keys], target, args.yes)
         if len(keys) != 1:
             raise LookupError(f"{command} needs one exercise, e.g. python grader.py {command} 03")
         if command == "hint":
-            from kata.hints import show
+            from kata.grader.hints import show
             text, code = show(find(keys[0]), args.all)
             print(text)
             return code

@@ -25,7 +25,7 @@ In the paper
     block holds Θ(M/d) rows, so the re-read term 2·T_r·Nd = 2N²d/block_q is Θ(N²d²/M): far
     below N² when d² is far below M.
 
-The simulator (kata.hbm.HBM) holds Q, K, V (n, d) and NaN-filled outputs O (n, d), L (n,),
+The simulator (kata.given.hbm.HBM) holds Q, K, V (n, d) and NaN-filled outputs O (n, d), L (n,),
 S and P (n, n). hbm.read(name, rows, cols) returns a copy and counts its elements as reads;
 hbm.write(name, rows, cols, value) counts writes (cols=None: every column; L takes rows only).
 Every read sits inside `with hbm.on_chip():` and stays live on chip until that block ends; what
@@ -42,7 +42,7 @@ Worked example
 """
 import numpy as np
 
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 
 
 def blocks(n: int, size: int) -> list[slice]:

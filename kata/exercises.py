@@ -84,7 +84,7 @@ def load(exercise: Exercise, target: Path) -> ModuleType:
     path = target / exercise.filename
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the target folder must hold {exercise.filename}")
-    if str(ROOT) not in sys.path:  # exercise files may import kata.hbm
+    if str(ROOT) not in sys.path:  # exercise files may import kata.given.hbm
         sys.path.insert(0, str(ROOT))
     module_name = f"kata_target_{exercise.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)

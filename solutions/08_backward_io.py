@@ -46,7 +46,7 @@ In the paper
     inside as here (it recomputes D_i per tile from O_i; here, as in FlashAttention-2, D is
     computed once first). Theorem 5 gives Θ(nd + n²) against Θ(n²d²M⁻¹).
 
-The simulator (kata.hbm.HBM) holds Q, K, V, O, dO (n, d) and L (n,) from the forward, P (n, n)
+The simulator (kata.given.hbm.HBM) holds Q, K, V, O, dO (n, d) and L (n,) from the forward, P (n, n)
 for the standard algorithm only, and outputs dQ, dK, dV (n, d), dP and dS (n, n) for standard,
 D (n,) for flash. Read inside `with hbm.on_chip():`; what is live may not exceed hbm.capacity,
 so hold one key block and one query block's tiles at a time (kernel 3: one block of full rows).
@@ -64,7 +64,7 @@ Worked example
 """
 import numpy as np
 
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 
 
 def blocks(n: int, size: int) -> list[slice]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kata.exercises import find, load, resolve_target
-from kata.pytest_plugin import mentions_not_implemented, message_of
+from kata.grader.pytest_plugin import mentions_not_implemented, message_of
 
 
 def pytest_addoption(parser):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kata.checks import assert_close
-from kata.hbm import HBM, CapacityError
+from checks import assert_close
+from kata.given.hbm import HBM, CapacityError
 from oracles import TOL
 
 

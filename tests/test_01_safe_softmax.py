@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import oracles
-from kata.checks import assert_close, assert_unmodified, describe
+from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, dims_id, scores_with_masked_keys
 
 MASKED_ROW = "a fully masked row (all -inf) gives weights of all 0 and lse = -inf, never NaN"

@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 import pytest
 
-from kata.checks import assert_close, assert_unmodified, describe
+from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, attention, case_id, random_qkv, with_offsets
 
 NO_KEY = "a row that attends no key (no keys, or all masked) gives o = 0 and lse = -inf, never NaN"

@@ -10,7 +10,7 @@ import inspect
 import numpy as np
 import pytest
 
-from kata.checks import assert_close, assert_unmodified, describe
+from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, watch, with_offsets
 
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hbm_helpers import call_counted, check_counts, check_outputs, check_times, totals
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 from oracles import allowed_pairs, case_id, scores, weights
 
 FLASH_MOVES = ("FlashAttention reads Q once per query block, the K and V rows of each scheduled "

@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from kata.checks import assert_close, assert_unmodified, describe
+from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, watch, weights, with_offsets
 from oracles_backward import attention_grads, softmax_grad
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hbm_helpers import call_counted, check_counts, check_outputs, check_times, totals
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 from oracles import allowed_pairs, case_id, weights
 
 STANDARD_MOVES = ("kernel 1 reads P tiles and dO rows per key block; kernel 2 reads dO once per query block "

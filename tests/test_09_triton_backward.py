@@ -10,12 +10,12 @@ import math
 
 import pytest
 
-from kata.checks import assert_close, assert_unmodified
+from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu, poisoned_buffers,  # noqa: E402
-                            randn, skip_unless_supported)  # noqa: F401 (a fixture)
+from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu,  # noqa: E402
+                            randn, skip_unless_supported)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 

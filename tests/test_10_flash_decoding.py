@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from kata.checks import assert_close, assert_unmodified
+from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.

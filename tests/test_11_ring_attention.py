@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from kata.checks import assert_close, assert_unmodified
+from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="exercise 11 needs PyTorch")
-from kata import ring  # noqa: E402 - only once torch is known to import
+from kata.tools import ring  # noqa: E402 - only once torch is known to import
 
 WHY_NOT = ring.unavailable()
 if WHY_NOT:

@@ -3,7 +3,7 @@
 Kernel 3 reads the V rows before the P tile; the running max starts at -inf with a guard for empty rows."""
 import numpy as np
 
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 
 
 def blocks(n: int, size: int) -> list[slice]:

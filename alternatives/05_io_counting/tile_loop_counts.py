@@ -1,7 +1,7 @@
 """Alternative: both closed forms counted tile by tile in Python loops, as the kernels move the data."""
 import numpy as np
 
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 
 
 def blocks(n: int, size: int) -> list[slice]:

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from kata.hbm import HBM
+from kata.given.hbm import HBM
 
 LOG2_E = 1 / math.log(2)
 

@@ -70,7 +70,7 @@ def make_repo(root: Path, real: tuple[str, ...] = ("01",), fake: dict[str, str |
 
 
 def write_fake(root: Path, number: str, learner: str | None = None, test: str = TEST) -> None:
-    from kata.stubs import make_stub
+    from kata.grader.stub import make_stub
     ex = next(e for e in EXERCISES if e.number == number)
     (root / "solutions" / ex.filename).write_text(SOLUTION)
     (root / "exercises" / ex.filename).write_text(make_stub(SOLUTION) if learner is None else learner)
@@ -80,7 +80,7 @@ def write_fake(root: Path, number: str, learner: str | None = None, test: str = 
 
 def stub_plus(line: str) -> str:
     """The made-up stub with one more line at the end of the module."""
-    from kata.stubs import make_stub
+    from kata.grader.stub import make_stub
     return make_stub(SOLUTION) + textwrap.dedent(line) + "\n"
 
 

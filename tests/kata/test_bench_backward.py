@@ -3,7 +3,7 @@ Compute's CSV, and the dispatch to the decoding benchmark, on made-up numbers (t
 import sys
 import types
 
-from kata import bench, bench_paper
+from kata.bench import forward as bench, paper as bench_paper
 
 NAMES = ["yours", "reference", "sdpa default", "sdpa flash", "naive"]
 
@@ -88,18 +88,18 @@ def test_paper_model_reads_the_closed_forms_of_05_and_08():
 
 def test_decode_dispatches_to_its_module(monkeypatch, tmp_path):
     seen = []
-    fake = types.ModuleType("kata.bench_decode")
+    fake = types.ModuleType("kata.bench.decode")
     fake.main = lambda target, argv: seen.append((target, argv)) or 7
-    monkeypatch.setitem(sys.modules, "kata.bench_decode", fake)
+    monkeypatch.setitem(sys.modules, "kata.bench.decode", fake)
     assert bench.main(tmp_path, ["decode", "--n", "4096"]) == 7
     assert seen == [(tmp_path, ["--n", "4096"])]
 
 
 def test_decode_without_its_module_says_so(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(sys.modules, "kata.bench_decode", None)  # import fails as if the file were missing
+    monkeypatch.setitem(sys.modules, "kata.bench.decode", None)  # import fails as if the file were missing
     code = bench.main(tmp_path, ["decode"])
     out = capsys.readouterr().out
-    assert code == 2 and "bench_decode" in out
+    assert code == 2 and "bench/decode.py" in out
 
 
 def test_paper_without_a_gpu_measures_nothing(monkeypatch, capsys, tmp_path):

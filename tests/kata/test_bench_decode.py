@@ -1,5 +1,5 @@
 """The decoding benchmark's arithmetic and its table, on made-up timings (the timing needs a GPU)."""
-from kata.bench_decode import FA06, REFERENCE, SDPA, YOURS, fraction, kv_bytes, report, speedup, summary
+from kata.bench.decode import FA06, REFERENCE, SDPA, YOURS, fraction, kv_bytes, report, speedup, summary
 
 COPY = 4000.0  # GB/s
 NAMES = [YOURS, REFERENCE, SDPA]

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from kata import progress, reset, runner
+from kata.grader import progress, reset, runner
 from kata.exercises import EXERCISES
-from kata.pytest_plugin import cap, mentions_not_implemented
-from kata.report import details, summary
-from kata.results import Failure, classify
+from kata.grader.pytest_plugin import cap, mentions_not_implemented
+from kata.grader.report import details, summary
+from kata.grader.results import Failure, classify
 
 FINISH = {"event": "finish", "exitstatus": 1}
 LONG = ("tiled_attention(q (37, 16) float32, k (41, 16) float32, block_q 8, block_k 16, causal): "
@@ -159,7 +159,7 @@ def test_the_report_matches_its_golden_file():
 ], ids=["interpreter-numpy-2.4", "compiled", "numpy-2.3", "macos", "linux-no-triton", "no-numpy"])
 def test_doctor_names_known_bad_combinations(versions, system, cuda, expected):
     """A combination that breaks 06 named with its fix, and no false alarm on a working one."""
-    from kata.doctor import known_problems
+    from kata.grader.doctor import known_problems
     texts = " | ".join(text for _, text in known_problems(versions, system, cuda))
     assert (expected in texts) if expected else texts == ""
 

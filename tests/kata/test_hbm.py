@@ -1,8 +1,8 @@
-"""Tests for kata/hbm.py, the simulated GPU memory that exercise 05 counts transfers with."""
+"""Tests for kata/given/hbm.py, the simulated GPU memory that exercise 05 counts transfers with."""
 import numpy as np
 import pytest
 
-from kata.hbm import HBM, CapacityError, Transfer
+from kata.given.hbm import HBM, CapacityError, Transfer
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""Tests for kata/io_report.py, the IO tables the grader prints once exercises 05 and 08 pass."""
+"""Tests for kata/tools/io_report.py, the IO tables the grader prints once exercises 05 and 08 pass."""
 from types import SimpleNamespace
 
 import pytest
 
-from kata import commands
+from kata.grader import commands
 from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.io_report import table, training_table
+from kata.tools.io_report import table, training_table
 
 WIDTH = 80  # a terminal's columns
 

@@ -4,9 +4,9 @@ import re
 import pytest
 
 from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR
-from kata.alternatives import load_alternatives
-from kata.hints import sections
-from kata.mutants import load_mutants
+from kata.dev.alternatives import load_alternatives
+from kata.grader.hints import sections
+from kata.dev.mutants import load_mutants
 
 HINT_NUMBERS = re.compile(r"^## Hint (\d+)\s*$", re.MULTILINE)
 

@@ -4,11 +4,11 @@ from pathlib import Path
 import pytest
 
 from kata.exercises import find
-from kata.report import summary
-from kata.results import classify
+from kata.grader.report import summary
+from kata.grader.results import classify
 
 dist = pytest.importorskip("torch.distributed", reason="needs PyTorch")
-ring = pytest.importorskip("kata.ring", reason="needs PyTorch")
+ring = pytest.importorskip("kata.tools.ring", reason="needs PyTorch")
 
 
 def test_no_gloo_is_a_reason_to_skip(monkeypatch):

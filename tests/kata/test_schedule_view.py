@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kata.schedule_view import draw, show
+from kata.tools.schedule_view import draw, show
 
 CAUSAL_3x3 = [(0, 0, True), (1, 0, False), (1, 1, True), (2, 0, False), (2, 1, False), (2, 2, True)]
 

@@ -3,7 +3,8 @@ import ast
 
 import pytest
 
-from kata.stubs import expected_stubs, make_stub
+from kata.dev.stubs import expected_stubs
+from kata.grader.stub import make_stub
 
 SOLUTION = '''def f(x):
     """Doc."""

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from kata.exercises import ROOT, find
-from kata.mutants import load_mutants
+from kata.dev.mutants import load_mutants
 
 
 def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:

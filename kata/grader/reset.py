@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kata.exercises import SOLUTIONS_DIR, Exercise
-from kata.progress import BACKUP_DIR, backup_names
-from kata.results import display_path
-from kata.stubs import make_stub
+from kata.grader.progress import BACKUP_DIR, backup_names
+from kata.grader.results import display_path
+from kata.grader.stub import make_stub
 
 
 def reset(exercises: list[Exercise], target: Path, yes: bool = False) -> int:

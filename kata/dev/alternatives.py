@@ -4,9 +4,9 @@ An alternative is a complete exercise file in alternatives/NN_name/, solved diff
 solutions/ (a loop where the solution is vectorised, another loop order the lesson allows, a
 conversion at the top, ...). Its docstring's first line says how it differs.
 
-    python -m kata.alternatives                  # every exercise
-    python -m kata.alternatives 02 03            # some
-    python -m kata.alternatives --fresh-seeds    # on new random inputs
+    python -m kata.dev.alternatives                  # every exercise
+    python -m kata.dev.alternatives 02 03            # some
+    python -m kata.dev.alternatives --fresh-seeds    # on new random inputs
 
 Each must pass its exercise's tests within a third of the time the grader gives the exercise, so
 that a learner's correct solution on a slower machine is never reported as too slow.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata.exercises import EXERCISES, ROOT, Exercise, find
-from kata.runner import DEFAULT_TIMEOUT, timeout_for
-from kata.trial import fresh_flag, run_tests
+from kata.grader.runner import DEFAULT_TIMEOUT, timeout_for
+from kata.dev.trial import fresh_flag, run_tests
 
 ALTERNATIVES_DIR = ROOT / "alternatives"
 

@@ -9,9 +9,9 @@ A mutant is a solution with one bug, written as text replacements in mutants/NN_
 
 Each `old` text must occur exactly once in the solution, so a mutant cannot silently go stale.
 
-    python -m kata.mutants                  # every exercise
-    python -m kata.mutants 02 03            # some
-    python -m kata.mutants --fresh-seeds    # on new random inputs
+    python -m kata.dev.mutants                  # every exercise
+    python -m kata.dev.mutants 02 03            # some
+    python -m kata.dev.mutants --fresh-seeds    # on new random inputs
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kata.exercises import EXERCISES, ROOT, SOLUTIONS_DIR, Exercise, find
-from kata.trial import fresh_flag, run_tests
+from kata.dev.trial import fresh_flag, run_tests
 
 MUTANTS_DIR = ROOT / "mutants"
 TIMEOUT_S = 300

@@ -5,11 +5,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from kata.commands import remember
+from kata.grader.commands import remember
 from kata.exercises import EXERCISES
-from kata.report import details
-from kata.results import SKIPPED, display_path
-from kata.runner import run_exercise
+from kata.grader.report import details
+from kata.grader.results import SKIPPED, display_path
+from kata.grader.runner import run_exercise
 
 POLL_SECONDS = 1.0  # polling mtimes works everywhere: containers, WSL, network drives
 

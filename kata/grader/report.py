@@ -6,7 +6,7 @@ import textwrap
 
 from tabulate import tabulate
 
-from kata.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, display_path
+from kata.grader.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, display_path
 
 WIDTH = 80  # the report fits a plain terminal
 BAR = 30  # characters in the progress bar

@@ -310,15 +310,15 @@ def gpu_torch():
 def main(target: Path, argv: list[str]) -> int:
     if argv[:1] == ["decode"]:
         try:
-            from kata.bench_decode import main as decode
+            from kata.bench.decode import main as decode
         except ModuleNotFoundError as err:
-            if err.name != "kata.bench_decode":
+            if err.name != "kata.bench.decode":
                 raise
-            print("The decoding benchmark (kata/bench_decode.py) is not in this copy of the kata.")
+            print("The decoding benchmark (kata/bench/decode.py) is not in this copy of the kata.")
             return 2
         return decode(target, argv[1:])
     if argv[:1] == ["paper"]:
-        from kata.bench_paper import paper
+        from kata.bench.paper import paper
         torch = gpu_torch()
         return 2 if torch is None else paper(torch, target)
     args = parse(argv)

@@ -1,4 +1,4 @@
-"""A pytest plugin (`-p kata.pytest_plugin --kata-results FILE`) writing one JSON line per test.
+"""A pytest plugin (`-p kata.grader.pytest_plugin --kata-results FILE`) writing one JSON line per test.
 
 The grader's runner reads FILE, even when the run was cut short: a "start" line before each test
 says which test was running when a process hung or died, a "finish" line says pytest ended on its

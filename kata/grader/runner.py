@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from kata.exercises import ROOT, Exercise
-from kata.results import ExerciseResult, classify, missing_result, skipped_result
+from kata.grader.results import ExerciseResult, classify, missing_result, skipped_result
 
 DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); 06 gets GPU_FACTOR times as long
 GPU_FACTOR = 10  # Triton compiles many kernels on a GPU (about 80 s on an H200) or interprets them
@@ -46,7 +46,7 @@ def run_exercise(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIME
     with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
         results = Path(tmp) / "results.jsonl"
         command = [sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(target),
-                   "-p", "kata.pytest_plugin", "--kata-results", str(results),
+                   "-p", "kata.grader.pytest_plugin", "--kata-results", str(results),
                    "-q", "--tb=no", "--show-capture=no", "-o", f"timeout={max(1, int(limit / 2))}"]
         start = time.monotonic()
         returncode, output, killed = _run(command, limit)

@@ -5,8 +5,8 @@ import re
 from pathlib import Path
 
 from kata.exercises import Exercise
-from kata.progress import Progress
-from kata.results import display_path
+from kata.grader.progress import Progress
+from kata.grader.results import display_path
 
 _HEADING = re.compile(r"^## Hint (\d+)\s*$", re.MULTILINE)
 

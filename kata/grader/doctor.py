@@ -57,7 +57,7 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool, pro
 def probe_kernel() -> dict:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     try:
-        done = subprocess.run([sys.executable, "-m", "kata.triton_probe"], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "kata.grader.triton_probe"], capture_output=True, text=True,
                               timeout=KERNEL_TIMEOUT, env=env, stdin=subprocess.DEVNULL, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"ok": False, "cuda": False, "error": f"no answer after {KERNEL_TIMEOUT} s"}

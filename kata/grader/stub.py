@@ -1,4 +1,4 @@
-"""Make each exercise file from its solution, so the two never drift.
+"""What an untouched exercise file is: its solution with each marked block replaced by a stub line.
 
 A solution marks the code the learner writes:
 
@@ -9,16 +9,12 @@ A solution marks the code the learner writes:
 
 The exercise file is the same text with each marked block replaced by one line,
 `raise NotImplementedError(...)`, at the block's indentation.
-
-    python -m kata.stubs            # check that exercises/ is what the solutions make
-    python -m kata.stubs --write    # regenerate exercises/ (overwrites learner work!)
 """
 from __future__ import annotations
 
 import re
-import sys
 
-from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR
+from kata.exercises import SOLUTIONS_DIR, Exercise
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 _DEF = re.compile(r"^(\s*)def (\w+)\(")
@@ -56,31 +52,7 @@ def make_stub(solution: str, filename: str = "<solution>") -> str:
     return "".join(out)
 
 
-def expected_stubs() -> dict[str, str]:
-    return {ex.filename: make_stub((SOLUTIONS_DIR / ex.filename).read_text(encoding="utf-8"), ex.filename)
-            for ex in EXERCISES if (SOLUTIONS_DIR / ex.filename).exists()}
-
-
-def main(argv: list[str]) -> int:
-    stubs = expected_stubs()
-    if "--write" in argv:
-        for filename, text in stubs.items():
-            (EXERCISES_DIR / filename).write_text(text, encoding="utf-8")
-        print(f"wrote {len(stubs)} exercise files from solutions/")
-        return 0
-    stale = [f for f, text in stubs.items()
-             if not (EXERCISES_DIR / f).exists() or (EXERCISES_DIR / f).read_text(encoding="utf-8") != text]
-    stray = sorted(p.name for p in EXERCISES_DIR.glob("*.py") if p.name not in stubs)
-    if stale or stray:
-        if stale:
-            print(f"exercises/ out of sync with solutions/: {', '.join(stale)}\n"
-                  f"fix: python -m kata.stubs --write")
-        if stray:
-            print(f"exercises/ holds files no solution makes: {', '.join(stray)}\nfix: remove them")
-        return 1
-    print(f"stubs in sync: {len(stubs)} exercise files match their solutions")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def stub_for(exercise: Exercise) -> str | None:
+    """The untouched exercise file, or None when there is no solution to make it from."""
+    path = SOLUTIONS_DIR / exercise.filename
+    return make_stub(path.read_text(encoding="utf-8"), exercise.filename) if path.is_file() else None

@@ -9,14 +9,15 @@ A100 numbers.
 from __future__ import annotations
 
 import csv
+import math
 import shutil
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 
-from kata import io_report
-from kata.bench import BACKWARD_FLOPS, REFERENCE, YOURS, _guarded, _peak_mib, methods
+from kata.tools import io_report
+from kata.bench.forward import BACKWARD_FLOPS, REFERENCE, YOURS, _guarded, _peak_mib, methods
 from kata.exercises import ROOT, SOLUTIONS_DIR, find, load
 
 PAPER_B, PAPER_H, PAPER_N, PAPER_D = io_report.BATCH, io_report.HEADS, io_report.N_GPT2, io_report.D
@@ -106,7 +107,7 @@ def ncu_traffic_gb(column: str, target: Path) -> float | str:
     if exe is None:
         return "ncu not installed"
     cmd = [exe, "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS), "--csv", "--print-units", "base",
-           sys.executable, "-m", "kata.bench_paper", "paper-step", column, str(target)]
+           sys.executable, "-m", "kata.bench.paper", "paper-step", column, str(target)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     except subprocess.TimeoutExpired:

@@ -1,6 +1,6 @@
 """A tiny Triton kernel run the way exercise 06's tests run it; prints one `KATA-PROBE {json}` line.
 
-`python grader.py doctor` runs this as `python -m kata.triton_probe` in a subprocess: a broken
+`python grader.py doctor` runs this as `python -m kata.grader.triton_probe` in a subprocess: a broken
 Triton may hang or crash, and importing torch costs seconds. It lives in a file of its own because
 Triton compiles a @jit function from its source file.
 """

@@ -4,11 +4,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kata import io_report, report, schedule_view
+from kata.grader import report
+from kata.tools import io_report, schedule_view
 from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, find, load
-from kata.progress import Progress
-from kata.results import ExerciseResult, display_path
-from kata.runner import run_exercise, run_many
+from kata.grader.progress import Progress
+from kata.grader.results import ExerciseResult, display_path
+from kata.grader.runner import run_exercise, run_many
 
 IO_EXERCISE = ("05", "08")  # forward, backward: once each passes, the report shows its IO table
 
@@ -78,7 +79,7 @@ def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: 
 
 
 def run_bench(target: Path, argv: list[str]) -> int:
-    from kata import bench  # imports torch: only when asked for
+    from kata.bench import forward as bench  # imports torch: only when asked for
     return bench.main(target, argv)
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from kata.exercises import ROOT
-from kata.results import display_path
+from kata.grader.results import display_path
 
 STATE_DIR = ROOT / ".kata"
 BACKUP_DIR = STATE_DIR / "backups"

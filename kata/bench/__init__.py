@@ -1,0 +1,1 @@
+"""The benchmarks a learner runs on a GPU (`python grader.py --bench ...`), one module each."""

@@ -1,0 +1,1 @@
+"""The maintainers' tools: stub generation, mutants, alternatives."""

@@ -1,0 +1,1 @@
+"""The grader: find, run, classify and report the exercises; progress, hints, reset, watch, doctor."""

@@ -1,0 +1,1 @@
+"""The learner's tools: the tile schedule picture, the IO tables, the ring launcher."""
