@@ -1,6 +1,5 @@
 """Alternative: one row at a time in plain Python floats (math.exp), each block read with tolist()."""
 import math
-
 import numpy as np
 
 

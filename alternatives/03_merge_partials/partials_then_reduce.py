@@ -3,8 +3,8 @@
 The merge weights come from exp2 of log2-scaled differences; attention_partial masks with np.putmask.
 """
 from functools import reduce
-
 import numpy as np
+
 
 LOG2_E = 1.4426950408889634
 

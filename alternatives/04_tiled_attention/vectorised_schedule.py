@@ -3,18 +3,7 @@
 Inputs pass through np.ascontiguousarray; the running state is one (n_q, 2 + d_v) array per row.
 """
 import math
-
 import numpy as np
-
-
-def num_blocks(n: int, block: int) -> int:
-    """How many blocks of `block` rows cover n rows: a ragged last block counts too."""
-    return math.ceil(n / block)
-
-
-def block_slice(index: int, block: int, n: int) -> slice:
-    """The rows of block `index` when n rows are cut into blocks of `block`; the last may be shorter."""
-    return slice(index * block, min((index + 1) * block, n))
 
 
 def tile_allowed(rows: slice, cols: slice, causal: bool = False, mask: np.ndarray | None = None) -> np.ndarray:

@@ -2,19 +2,7 @@
 
 P computed as exp(S - lse) in kernel 2; O accumulated in a preallocated array."""
 import numpy as np
-
 from kata.given.hbm import HBM
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
-
 
 
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

@@ -4,37 +4,9 @@ The tiled pass computes D_i = rowsum(dO_i ∘ O_i) inside its inner loop, once p
 FlashAttention's Algorithm 4 (line 19) does, instead of once for every row up front.
 """
 import math
-
 import numpy as np
 
 
-def block_slice(index: int, block: int, n: int) -> slice:
-    """The rows of block `index` when n rows are cut into blocks of `block`; the last may be shorter (given)."""
-    return slice(index * block, min((index + 1) * block, n))
-
-
-def tile_allowed(rows: slice, cols: slice, causal: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
-    """Which pairs of one tile may attend: bool (rows, cols), the mask AND (if causal) key <= query (given)."""
-    shape = (rows.stop - rows.start, cols.stop - cols.start)
-    allowed = np.ones(shape, dtype=bool) if mask is None else mask[rows, cols]
-    if causal:
-        i, j = np.arange(rows.start, rows.stop), np.arange(cols.start, cols.stop)
-        allowed = allowed & (j[None, :] <= i[:, None])
-    return allowed
-
-
-def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool = False,
-                  mask: np.ndarray | None = None) -> list[tuple[int, int, bool]]:
-    """Exercise 04's schedule (given): the tiles (i, j, needs_mask) where some pair may attend,
-    query block i ascending, then key block j; needs_mask is True iff some pair may not."""
-    schedule = []
-    for i in range(math.ceil(n_q / block_q)):
-        rows = block_slice(i, block_q, n_q)
-        for j in range(math.ceil(n_k / block_k)):
-            allowed = tile_allowed(rows, block_slice(j, block_k, n_k), causal, mask)
-            if allowed.any():
-                schedule.append((i, j, not allowed.all()))
-    return schedule
 def softmax_backward(p, dp):
     ds = np.empty_like(p)
     for index in np.ndindex(p.shape[:-1]):

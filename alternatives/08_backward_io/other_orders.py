@@ -1,15 +1,6 @@
 """Alternative: standard's kernels run 2, 3, 5, 4, 1; flash computes D a row at a time and reads dQ first."""
 import numpy as np
-
 from kata.given.hbm import HBM
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 def standard_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

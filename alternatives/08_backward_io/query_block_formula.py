@@ -1,19 +1,10 @@
 """Alternative: each closed form one expression, the causal rows summed per query block; P by exp2."""
 import math
-
 import numpy as np
-
 from kata.given.hbm import HBM
 
+
 LOG2_E = 1 / math.log(2)
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 def size(block: slice) -> int:

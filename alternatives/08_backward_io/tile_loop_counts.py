@@ -1,15 +1,6 @@
 """Alternative: the closed forms counted tile by tile in Python loops, as the kernels move them."""
 import numpy as np
-
 from kata.given.hbm import HBM
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 def size(block: slice) -> int:
@@ -67,35 +58,6 @@ def standard_backward_io(n: int, d: int, block_q: int, block_k: int,
         reads += 2 * size(rows) * n  # kernel 3: full rows of P and dP
         writes += size(rows) * n + size(rows) * d  # kernel 3: dS; kernel 4: dQ
     return reads, writes
-
-
-def flash_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
-                             scale: float | None = None) -> None:
-    n, d = hbm.shape("Q")
-    scale = 1 / np.sqrt(d) if scale is None else scale
-    for rows in blocks(n, block_q):
-        with hbm.on_chip():
-            hbm.write("D", rows, value=(hbm.read("dO", rows) * hbm.read("O", rows)).sum(axis=1))
-    for keys in blocks(n, block_k):
-        with hbm.on_chip():
-            k, v = hbm.read("K", keys), hbm.read("V", keys)
-            dk, dv = np.zeros_like(k), np.zeros_like(v)
-            for rows in blocks(n, block_q):
-                if causal and rows.stop <= keys.start:
-                    continue
-                with hbm.on_chip():
-                    q, do = hbm.read("Q", rows), hbm.read("dO", rows)
-                    lse, delta = hbm.read("L", rows), hbm.read("D", rows)
-                    s = scale * q @ k.T
-                    if causal:
-                        s = np.where(causal_mask(rows, keys), s, -np.inf)
-                    p = np.exp(s - lse[:, None])
-                    dv += p.T @ do
-                    ds = p * (do @ v.T - delta[:, None])
-                    hbm.write("dQ", rows, value=hbm.read("dQ", rows) + scale * ds @ k)
-                    dk += scale * ds.T @ q
-            hbm.write("dK", keys, value=dk)
-            hbm.write("dV", keys, value=dv)
 
 
 def flash_backward_io(n: int, d: int, block_q: int, block_k: int,

@@ -1,8 +1,9 @@
 """Prove the tests are fair: every correct solution written in another style must pass, in time.
 
-An alternative is a complete exercise file in alternatives/NN_name/, solved differently from
-solutions/ (a loop where the solution is vectorised, another loop order the lesson allows, a
-conversion at the top, ...). Its docstring's first line says how it differs.
+An alternative, alternatives/NN_name/style.py, solves an exercise differently from solutions/ (a
+loop where the solution is vectorised, another loop order the lesson allows, a conversion at the
+top, ...). It holds only the definitions that differ, spliced by name into the solution
+(kata.dev.splice), and its docstring's first line says how it differs.
 
     python -m kata.dev.alternatives                  # every exercise
     python -m kata.dev.alternatives 02 03            # some
@@ -20,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kata.exercises import EXERCISES, ROOT, Exercise, find
+from kata.dev.splice import splice
+from kata.exercises import EXERCISES, ROOT, SOLUTIONS_DIR, Exercise, find
 from kata.grader.runner import DEFAULT_TIMEOUT, timeout_for
 from kata.dev.trial import fresh_flag, run_tests
 
@@ -37,6 +39,11 @@ class Alternative:
         doc = ast.get_docstring(ast.parse(self.path.read_text(encoding="utf-8"))) or ""
         return doc.splitlines()[0] if doc else "(no docstring)"
 
+    def source(self) -> str:
+        """The exercise file this alternative makes: the solution with its definitions spliced in."""
+        solution = (SOLUTIONS_DIR / self.exercise.filename).read_text(encoding="utf-8")
+        return splice(solution, self.path.read_text(encoding="utf-8"), str(self.path.relative_to(ROOT)))
+
     @property
     def budget(self) -> float:
         return timeout_for(self.exercise, DEFAULT_TIMEOUT) / 3
@@ -51,9 +58,11 @@ def main(argv: list[str]) -> int:
     argv, fresh = fresh_flag(argv)
     exercises = [find(a) for a in argv] if argv else EXERCISES
     alternatives = [alt for ex in exercises for alt in load_alternatives(ex)]
+    for alt in alternatives:
+        alt.source()  # one that no longer splices is an error before anything runs
 
     def run(alt: Alternative):
-        return alt, run_tests(alt.exercise, alt.path.read_text(encoding="utf-8"), alt.budget, fresh_seeds=fresh)
+        return alt, run_tests(alt.exercise, alt.source(), alt.budget, fresh_seeds=fresh)
 
     rejected = 0
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
