@@ -3,7 +3,9 @@ attention written in PyTorch (standard attention, a column itself, and the float
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from kata.exercises import find, load
 from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
 
 # How torch says that it has no kernel for these inputs on this machine: SDPA held to one backend
@@ -12,6 +14,16 @@ from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
 # this GPU reports "cuDNN Frontend error". Every other RuntimeError (a shape mismatch, an illegal
 # memory access) is a bug, and is raised.
 NO_KERNEL_HERE = ("No available kernel", "No viable backend", "cuDNN Frontend error")
+
+
+class ColumnError(Exception):
+    """A bug in one column of a benchmark, raised from the error itself: the benchmark stops on it.
+
+    An error of its own type, because the grader reads some (a KeyError is a LookupError) as the
+    learner's mistake on its command line."""
+
+    def __init__(self, column: str, err: BaseException):
+        super().__init__(f"column {column!r} failed: {type(err).__name__}: {err}")
 
 
 def gpu_torch(tested_by: str, bf16: bool = True):
@@ -83,20 +95,28 @@ def cannot_run_here(torch, err: BaseException) -> str | None:
 def guarded(torch, column: str, timed) -> dict:
     """timed()'s numbers, or {'note'} saying why `column` cannot run here.
 
-    Anything else propagates, naming the column: a NameError, TypeError, AttributeError or failed
-    import in a column is a bug in the kata or the learner's code, and a note in the table would hide
-    it (a column lost that way looks like a backend this GPU lacks).
+    Any other error raises a ColumnError: a NameError, TypeError, AttributeError or failed import
+    in a column is a bug in the kata or the learner's code, and a note in the table would hide it (a
+    column lost that way looks like a backend this GPU lacks).
     """
     try:
         return timed()
     except Exception as err:
         note = cannot_run_here(torch, err)
         if note is None:
-            err.add_note(f"raised in the benchmark's column {column!r}")
-            raise
+            raise ColumnError(column, err) from err
         return {"note": note}
     finally:
         torch.cuda.empty_cache()
+
+
+def kernel(column: str, number: str, folder: Path, name: str):
+    """Function `name` of exercise `number` in `folder`, for `column`; a file that does not load (a
+    syntax error, a missing function) raises a ColumnError, as a bug in the column would."""
+    try:
+        return getattr(load(find(number), folder), name)
+    except Exception as err:
+        raise ColumnError(column, err) from err
 
 
 def repeat_kv(q, k, v):

@@ -20,8 +20,8 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import guarded, gpu_torch, max_error, median_ms, repeat_kv
-from kata.exercises import SOLUTIONS_DIR, find, load
+from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, repeat_kv
+from kata.exercises import SOLUTIONS_DIR
 
 H_Q, H_KV, HEAD_DIM, BYTES = 32, 8, 128, 2  # the benchmark's heads, head dimension, bfloat16
 COPY_BYTES = 2**30  # large enough that the copy streams from HBM, not L2
@@ -94,19 +94,19 @@ def methods(torch, target: Path, num_splits: int | None) -> tuple[dict, str]:
     """name -> fn(q, k, v) -> o, and how SDPA gets its GQA."""
     gqa = has_enable_gqa(torch)
 
-    def decoder(folder: Path):
-        flash_decode = load(find("10"), folder).flash_decode
+    def decoder(column: str, folder: Path):
+        flash_decode = kernel(column, "10", folder, "flash_decode")
         return lambda q, k, v: flash_decode(q, k, v, num_splits=num_splits)[0]
 
-    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: decoder(target)}
-    table.update({REFERENCE: decoder(SOLUTIONS_DIR), SDPA: partial(sdpa_gqa, torch, enable_gqa=gqa)})
+    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: decoder(YOURS, target)}
+    table.update({REFERENCE: decoder(REFERENCE, SOLUTIONS_DIR), SDPA: partial(sdpa_gqa, torch, enable_gqa=gqa)})
     return table, "SDPA with enable_gqa=True" if gqa else "SDPA on K/V repeated to 32 heads (no enable_gqa here)"
 
 
 def expanded_06():
     """06's reference kernel as a column: fn(q, k, v) -> o, K and V already repeated to q's heads
     (`repeat_kv`), since 06 has no GQA."""
-    flash_attention = load(find("06"), SOLUTIONS_DIR).flash_attention
+    flash_attention = kernel(FA06, "06", SOLUTIONS_DIR, "flash_attention")
     return lambda q, k, v: flash_attention(q, k, v)[0]
 
 

@@ -20,8 +20,8 @@ import math
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import guarded, gpu_torch, max_error, median_ms, peak_mib, standard_attention
-from kata.exercises import SOLUTIONS_DIR, find, load
+from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, peak_mib, standard_attention
+from kata.exercises import SOLUTIONS_DIR
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
 NAIVE, REFERENCE, YOURS = "naive", "reference", "yours"
@@ -53,14 +53,14 @@ def methods(torch, target: Path, exercise: str = "06") -> dict:
                 return sdpa(q, k, v, is_causal=causal)
         return run
 
-    def ours(folder: Path):
-        flash_attention = load(find(exercise), folder).flash_attention
+    def ours(column: str, folder: Path):
+        flash_attention = kernel(column, exercise, folder, "flash_attention")
         if exercise == "06":  # 06 returns (o, lse)
             return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)[0]
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
 
-    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: ours(target)}
-    table.update({REFERENCE: ours(SOLUTIONS_DIR), "sdpa default": lambda q, k, v, causal: sdpa(q, k, v, is_causal=causal),
+    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: ours(YOURS, target)}
+    table.update({REFERENCE: ours(REFERENCE, SOLUTIONS_DIR), "sdpa default": lambda q, k, v, causal: sdpa(q, k, v, is_causal=causal),
                   "sdpa flash": forced(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": forced(SDPBackend.CUDNN_ATTENTION),
                   NAIVE: partial(standard_attention, torch)})
     return table

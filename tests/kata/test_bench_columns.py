@@ -6,6 +6,7 @@ attention) fails only there, or vanishes into a note. Here each column's attenti
 the machine the tests run on: without a GPU on CPU tensors, the Triton kernels in Triton's
 interpreter.
 """
+import re
 import shutil
 
 import pytest
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch")
 from triton_helpers import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from kata.bench import common, decode, forward, paper  # noqa: E402
+from kata.bench import common, decode, forward, main as bench_main, paper  # noqa: E402
 from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
 
 TOL = 1e-4 if INTERPRETED else 1e-2  # float32 inputs; on a GPU tl.dot rounds them to TF32
@@ -175,10 +176,29 @@ def shape_mismatch():
 ], ids=["name", "type", "attribute", "import", "assert", "value", "shape-mismatch"])
 def test_the_guard_raises_a_bug_naming_its_column(err):
     """A column's bug as a note would look like a backend this GPU lacks, and its column would vanish."""
-    with pytest.raises(type(err)) as raised:
+    words = re.escape(f"column '{paper.STANDARD}' failed: {type(err).__name__}")
+    with pytest.raises(common.ColumnError, match=words) as raised:
         common.guarded(torch, paper.STANDARD, raising(err))
-    assert raised.value is err and f"column {paper.STANDARD!r}" in "".join(raised.value.__notes__)
+    assert raised.value.__cause__ is err
 
 
 def test_the_guard_returns_the_numbers():
     assert common.guarded(torch, forward.NAIVE, lambda: {"ms": 1.5}) == {"ms": 1.5}
+
+
+def test_a_learners_file_that_does_not_load_stops_the_benchmark_naming_its_column(tmp_path):
+    (tmp_path / find("06").filename).write_text("def flash_attention(q, k, v, causal=False):\n    return q +\n")
+    with pytest.raises(common.ColumnError, match="column 'yours' failed: SyntaxError"):
+        forward.methods(torch, tmp_path)
+
+
+def test_a_column_error_exits_1_with_its_traceback_and_column(monkeypatch, capsys, tmp_path):
+    """The grader prints other errors in one line, and reads a KeyError as a mistake on its command line."""
+    def broken(target, argv):
+        common.guarded(torch, decode.FA06, raising(KeyError("HEAD_DIM")))
+
+    monkeypatch.setattr(decode, "main", broken)
+    assert bench_main.main(tmp_path, ["decode"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in timed\n    raise err" in err  # where the bug is
+    assert err.strip().endswith(f"The benchmark stopped: column '{decode.FA06}' failed: KeyError: 'HEAD_DIM'")
