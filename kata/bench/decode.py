@@ -10,7 +10,8 @@ device-to-device copy: bytes read + written over its time). Methods: your flash_
 folder's 10), the kata's reference solution, SDPA with enable_gqa=True (K/V repeated to 32 heads
 on a torch without it; the table says which), and exercise 06's reference kernel on K/V expanded to
 32 heads, since 06 has no GQA (it reads 4x the bytes; its bandwidth column counts only the 8 heads'
-bytes, as for every method). Cells whose tensors do not fit in free memory are skipped with a note.
+bytes, as for every method). Cells whose tensors do not fit in free memory are skipped with a note, as
+are columns that cannot run on this GPU; any other error stops the benchmark, naming its column.
 Without a CUDA device it says so and returns 2: nothing was measured.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
+from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, repeat_kv
+from kata.exercises import SOLUTIONS_DIR
 
 H_Q, H_KV, HEAD_DIM, BYTES = 32, 8, 128, 2  # the benchmark's heads, head dimension, bfloat16
 COPY_BYTES = 2**30  # large enough that the copy streams from HBM, not L2
@@ -42,47 +43,40 @@ def kv_bytes(B: int, n_k: int) -> int:
     return 2 * B * H_KV * n_k * HEAD_DIM * BYTES
 
 
-def time_ms(torch, fn, expected) -> dict:
-    """{'ms'} for one method in one cell, or {'note'} saying why there is no number.
+def time_ms(torch, name: str, fn, expected) -> dict:
+    """{'ms'} for method `name` in one cell, or {'note'} saying why there is no number.
 
     Timed as CUDA-graph replays, as a serving engine runs its decoding steps: one step moves tens
     of microseconds of data, about what launching two kernels from Python costs, and a graph
     replay leaves only the GPU's time. A function that cannot be captured is timed plainly.
     """
-    from triton.testing import do_bench, do_bench_cudagraph
-    try:
-        err = (fn().float() - expected.float()).abs().max().item()
+    from triton.testing import do_bench_cudagraph
+
+    def timed():
+        err = max_error(fn(), expected)
         if not err <= 0.02:  # outputs are means of thousands of unit values: bf16 rounding is far below this
             return {"note": f"wrong ({err:.2g})"}
         try:
             return {"ms": do_bench_cudagraph(fn, rep=100, return_mode="median")}
-        except RuntimeError:  # not capturable (a host sync inside): launches timed too
+        except RuntimeError:  # not capturable (a host sync inside): fn() ran above, so this is no bug
             torch.cuda.synchronize()
-            return {"ms": do_bench(fn, warmup=25, rep=100, return_mode="median"), "graph": False}
-    except torch.cuda.OutOfMemoryError:
-        return {"note": "OOM"}
-    except Exception as err:  # the learner's kernel unfinished or broken
-        text = str(err)
-        return {"note": "not started" if "NotImplementedError" in f"{type(err).__name__} {text}"
-                else text.strip().splitlines()[-1][:40] if text.strip() else type(err).__name__}
-    finally:
-        torch.cuda.empty_cache()
+            return {"ms": median_ms(fn), "graph": False}
+    return guarded(torch, name, timed)
 
 
 def copy_gbs(torch) -> float:
     """Device-to-device copy bandwidth, GB/s: bytes read plus bytes written over the copy's time."""
-    from triton.testing import do_bench
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = do_bench(partial(dst.copy_, src), warmup=25, rep=200, return_mode="median")
+    ms = median_ms(partial(dst.copy_, src), rep=200)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * COPY_BYTES / ms * 1e-6
 
 
-def _has_enable_gqa(torch) -> bool:
+def has_enable_gqa(torch) -> bool:
     """Whether this torch's SDPA takes enable_gqa (2.5 and newer); a builtin has no signature to ask."""
-    tiny = torch.zeros(1, 2, 1, 16, device="cuda"), torch.zeros(1, 1, 1, 16, device="cuda")
+    tiny = torch.zeros(1, 2, 1, 16), torch.zeros(1, 1, 1, 16)
     try:
         torch.nn.functional.scaled_dot_product_attention(tiny[0], tiny[1], tiny[1], enable_gqa=True)
     except TypeError:
@@ -90,28 +84,34 @@ def _has_enable_gqa(torch) -> bool:
     return True
 
 
+def sdpa_gqa(torch, q, k, v, enable_gqa: bool):
+    """SDPA with grouped K/V heads: through enable_gqa where torch has it, else on K/V repeated."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return sdpa(q, k, v, enable_gqa=True) if enable_gqa else sdpa(q, *repeat_kv(q, k, v))
+
+
 def methods(torch, target: Path, num_splits: int | None) -> tuple[dict, str]:
     """name -> fn(q, k, v) -> o, and how SDPA gets its GQA."""
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    gqa = _has_enable_gqa(torch)
+    gqa = has_enable_gqa(torch)
 
-    def decoder(folder: Path):
-        flash_decode = load(find("10"), folder).flash_decode
+    def decoder(column: str, folder: Path):
+        flash_decode = kernel(column, "10", folder, "flash_decode")
         return lambda q, k, v: flash_decode(q, k, v, num_splits=num_splits)[0]
 
-    def sdpa_gqa(q, k, v):
-        if gqa:
-            return sdpa(q, k, v, enable_gqa=True)
-        g = q.shape[1] // k.shape[1]
-        return sdpa(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1))
-
-    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: decoder(target)}
-    table.update({REFERENCE: decoder(SOLUTIONS_DIR), SDPA: sdpa_gqa})
+    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: decoder(YOURS, target)}
+    table.update({REFERENCE: decoder(REFERENCE, SOLUTIONS_DIR), SDPA: partial(sdpa_gqa, torch, enable_gqa=gqa)})
     return table, "SDPA with enable_gqa=True" if gqa else "SDPA on K/V repeated to 32 heads (no enable_gqa here)"
 
 
+def expanded_06():
+    """06's reference kernel as a column: fn(q, k, v) -> o, K and V already repeated to q's heads
+    (`repeat_kv`), since 06 has no GQA."""
+    flash_attention = kernel(FA06, "06", SOLUTIONS_DIR, "flash_attention")
+    return lambda q, k, v: flash_attention(q, k, v)[0]
+
+
 def run_cells(torch, args, table: dict) -> list[dict]:
-    flash_attention = load(find("06"), SOLUTIONS_DIR).flash_attention
+    fa06 = expanded_06()
     cells = [(B, n) for B in args.b for n in args.n]
     rows = []
     for number, (B, n_k) in enumerate(cells, start=1):
@@ -133,10 +133,10 @@ def run_cells(torch, args, table: dict) -> list[dict]:
             torch.cuda.empty_cache()
             expected = table[REFERENCE](q, k, v)
         for name, fn in table.items():
-            row[name] = time_ms(torch, partial(fn, q, k, v), expected)
+            row[name] = time_ms(torch, name, partial(fn, q, k, v), expected)
         if 4 * row["bytes"] + row["bytes"] // 4 < torch.cuda.mem_get_info()[0]:
-            k4, v4 = (t.repeat_interleave(H_Q // H_KV, dim=1) for t in (k, v))  # 06 has no GQA
-            row[FA06] = time_ms(torch, lambda q=q, k4=k4, v4=v4: flash_attention(q, k4, v4)[0], expected)  # bound now: q is deleted below
+            k4, v4 = repeat_kv(q, k, v)
+            row[FA06] = time_ms(torch, FA06, partial(fa06, q, k4, v4), expected)
             del k4, v4
         else:
             row[FA06] = {"note": "no room x4"}
@@ -209,21 +209,10 @@ def summary(rows: list[dict], name: str, copy: float) -> list[str]:
 
 def main(target: Path, argv: list[str]) -> int:
     args = parse(argv)
-    try:
-        import torch
-        import triton
-    except ImportError as err:
-        print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")
+    torch = gpu_torch("python grader.py 10")
+    if torch is None:
         return 2
-    if not torch.cuda.is_available():
-        why = gpu_skip_reason(torch)
-        print("The decoding benchmark needs a CUDA GPU, and none is usable here; nothing was measured.\n"
-              + ("" if why == NO_GPU else why + "\n")
-              + "Your kernels' correctness is still tested on the CPU: python grader.py 10")
-        return 2
-    if why := bf16_missing(torch):
-        print(f"Every cell of the benchmark is bfloat16, so all are skipped: {why}. Nothing was measured.")
-        return 2
+    import triton
     table, sdpa_note = methods(torch, target, args.num_splits)
     copy = copy_gbs(torch)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; bf16, "

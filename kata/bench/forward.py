@@ -1,8 +1,6 @@
 """Time the kata's Triton kernels against PyTorch's attention on a CUDA GPU: tables, ratios, plots.
 
     python grader.py --bench [--n 1024 4096] [--d 64 128] [--pass forward|backward|both] [--no-plot]
-    python grader.py --bench paper      the paper's Figure 2 (GPT-2 medium attention) on this GPU
-    python grader.py --bench decode     exercise 10's decoding benchmark
 
 Every cell is bfloat16 with B*N = 16384 tokens and H*D = 2048: N from 1k to 16k, D 64 and 128,
 causal and not. Each method is checked against torch's SDPA once, then timed with
@@ -11,7 +9,9 @@ and 2.5 times that for the backward (its five matmuls to the forward's two); pea
 torch.cuda.max_memory_allocated over one call, inputs included. Methods: your kernel (the target
 folder's 06, and 09 for the backward), the kata's reference solution, SDPA with PyTorch's default
 choice (its backend named), SDPA forced to the flash and to the cuDNN backends, and naive
-attention (matmul, softmax, matmul). Without a CUDA device it says so and returns 2.
+attention (matmul, softmax, matmul). A column that cannot run on this GPU (no such SDPA backend, out of
+memory) or is not started gets a note in the tables; any other error stops the benchmark, naming its
+column. Without a CUDA device it says so and returns 2.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import math
 from functools import partial
 from pathlib import Path
 
-from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
+from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, peak_mib, standard_attention
+from kata.exercises import SOLUTIONS_DIR
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
 NAIVE, REFERENCE, YOURS = "naive", "reference", "yours"
@@ -43,7 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def methods(torch, target: Path, exercise: str = "06") -> dict:
     """name -> attention(q, k, v, causal) -> o for every method, differentiable (the kata's from
-    `exercise`: 06 forward only, 09 with its backward); a missing SDPA backend fails when timed."""
+    `exercise`: 06 forward only, 09 with its backward); a missing SDPA backend fails when called."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -53,27 +53,16 @@ def methods(torch, target: Path, exercise: str = "06") -> dict:
                 return sdpa(q, k, v, is_causal=causal)
         return run
 
-    def naive(q, k, v, causal):
-        s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        if causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), -math.inf)
-        return torch.softmax(s, dim=-1) @ v
-
-    def ours(folder: Path):
-        try:
-            flash_attention = load(find(exercise), folder).flash_attention
-        except Exception as err:  # a missing or broken file: each of its cells says why
-
-            def flash_attention(*_, err=err, **__):
-                raise err
+    def ours(column: str, folder: Path):
+        flash_attention = kernel(column, exercise, folder, "flash_attention")
         if exercise == "06":  # 06 returns (o, lse)
             return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)[0]
         return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
 
-    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: ours(target)}
-    table.update({REFERENCE: ours(SOLUTIONS_DIR), "sdpa default": lambda q, k, v, causal: sdpa(q, k, v, is_causal=causal),
+    table = {} if target.resolve() == SOLUTIONS_DIR.resolve() else {YOURS: ours(YOURS, target)}
+    table.update({REFERENCE: ours(REFERENCE, SOLUTIONS_DIR), "sdpa default": lambda q, k, v, causal: sdpa(q, k, v, is_causal=causal),
                   "sdpa flash": forced(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": forced(SDPBackend.CUDNN_ATTENTION),
-                  NAIVE: naive})
+                  NAIVE: partial(standard_attention, torch)})
     return table
 
 
@@ -86,25 +75,21 @@ def default_backend(torch, q, k, v, causal: bool) -> str:
         return "unknown"
 
 
-def measure(torch, fn, expected, flops: float) -> dict:
-    """{'ms', 'tflops', 'mib'} for one method in one cell, or {'note'} saying why there is no number."""
-    from triton.testing import do_bench
-
+def measure(torch, name: str, fn, expected, flops: float) -> dict:
+    """{'ms', 'tflops', 'mib'} for method `name` in one cell, or {'note'} saying why there is no number."""
     def timed():
-        out = fn()
-        err = (out.float() - expected.float()).abs().max().item()
+        err = max_error(fn(), expected)
         if not err <= 0.05:  # bf16 outputs of magnitude < 1: a bigger gap is a wrong answer, not rounding
             return {"note": f"wrong ({err:.2g})"}
-        mib = _peak_mib(torch, fn)
-        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        mib = peak_mib(torch, fn)
+        ms = median_ms(fn)
         return {"ms": ms, "tflops": flops / ms * 1e-9, "mib": mib}
-    return _guarded(torch, timed)
+    return guarded(torch, name, timed)
 
 
-def measure_training(torch, fn, q, k, v, do, expected, flops: float) -> dict:
-    """One method's backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
+def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float) -> dict:
+    """Method `name`'s backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
     'tflops', 'mib'} (peak over a forward + backward), or {'note'}. `expected`: SDPA's (dq, dk, dv)."""
-    from triton.testing import do_bench
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
     def step():
@@ -114,40 +99,17 @@ def measure_training(torch, fn, q, k, v, do, expected, flops: float) -> dict:
 
     def timed():
         step()
-        for name, t, ref in zip(("dq", "dk", "dv"), leaves, expected):
-            err = (t.grad.float() - ref.float()).abs().max().item() / max(1.0, ref.float().abs().max().item())
+        for grad, t, ref in zip(("dq", "dk", "dv"), leaves, expected):
+            err = max_error(t.grad, ref) / max(1.0, ref.float().abs().max().item())
             if not err <= 0.05:  # relative to the largest gradient: bf16 rounding stays near 1e-2
-                return {"note": f"wrong {name} ({err:.2g})"}
-        mib = _peak_mib(torch, step)
-        ms = do_bench(step, warmup=25, rep=100, return_mode="median")
+                return {"note": f"wrong {grad} ({err:.2g})"}
+        mib = peak_mib(torch, step)
+        ms = median_ms(step)
         o = fn(*leaves)
-        bwd_ms = do_bench(lambda: o.backward(do, retain_graph=True), warmup=25, rep=100, grad_to_none=leaves,
-                          return_mode="median")
+        bwd_ms = median_ms(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves)
         return {"bwd_ms": bwd_ms, "bwd_tflops": BACKWARD_FLOPS * flops / bwd_ms * 1e-9, "ms": ms,
                 "tflops": (1 + BACKWARD_FLOPS) * flops / ms * 1e-9, "mib": mib}
-    return _guarded(torch, timed)
-
-
-def _peak_mib(torch, fn) -> float:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2**20
-
-
-def _guarded(torch, timed) -> dict:
-    """timed()'s numbers, or {'note'}: OOM, not started, or the error's last line."""
-    try:
-        return timed()
-    except torch.cuda.OutOfMemoryError:
-        return {"note": "OOM"}
-    except Exception as err:  # the learner's kernel unfinished or broken, a backend missing
-        text = str(err)
-        return {"note": "not started" if "NotImplementedError" in f"{type(err).__name__} {text}"
-                else text.strip().splitlines()[-1][:60] if text.strip() else type(err).__name__}
-    finally:
-        torch.cuda.empty_cache()
+    return guarded(torch, name, timed)
 
 
 def cells(torch, args):
@@ -169,7 +131,7 @@ def run_cells(torch, args, table: dict) -> list[dict]:
         causal = row["causal"]
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         for name, fn in table.items():
-            row[name] = measure(torch, partial(fn, q, k, v, causal), expected, flops)
+            row[name] = measure(torch, name, partial(fn, q, k, v, causal), expected, flops)
         rows.append(row)
         print(f"{label}: " + ", ".join(f"{name} {_cell(row[name], 'ms')}" for name in table) + " ms", flush=True)
     return rows
@@ -185,7 +147,8 @@ def run_training_cells(torch, args, table: dict) -> list[dict]:
         expected = [t.grad for t in leaves]
         del leaves
         for name, fn in table.items():
-            row[name] = measure_training(torch, lambda *t, fn=fn: fn(*t, causal), q, k, v, do, expected, flops)
+            row[name] = measure_training(torch, name, lambda *t, fn=fn: fn(*t, causal), q, k, v, do, expected,
+                                         flops)
         rows.append(row)
         print(f"{label}: backward " + ", ".join(f"{name} {_cell(row[name], 'bwd_ms')}" for name in table) + " ms",
               flush=True)
@@ -287,42 +250,9 @@ def plot(rows: list[dict], names: list[str], path: Path, key: str = "tflops", wh
     print(f"plot: {path}")
 
 
-def gpu_torch():
-    """torch when a CUDA GPU with bfloat16 is usable, else None, having said why nothing was measured."""
-    try:
-        import torch
-        import triton  # noqa: F401
-    except ImportError as err:
-        print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")
-        return None
-    if not torch.cuda.is_available():
-        why = gpu_skip_reason(torch)
-        print("The benchmark needs a CUDA GPU, and none is usable here; nothing was measured.\n"
-              + ("" if why == NO_GPU else why + "\n")
-              + "Your kernels' correctness is still tested on the CPU: python grader.py 06 (or 09)")
-        return None
-    if why := bf16_missing(torch):
-        print(f"Every cell of the benchmark is bfloat16, so all are skipped: {why}. Nothing was measured.")
-        return None
-    return torch
-
-
 def main(target: Path, argv: list[str]) -> int:
-    if argv[:1] == ["decode"]:
-        try:
-            from kata.bench.decode import main as decode
-        except ModuleNotFoundError as err:
-            if err.name != "kata.bench.decode":
-                raise
-            print("The decoding benchmark (kata/bench/decode.py) is not in this copy of the kata.")
-            return 2
-        return decode(target, argv[1:])
-    if argv[:1] == ["paper"]:
-        from kata.bench.paper import paper
-        torch = gpu_torch()
-        return 2 if torch is None else paper(torch, target)
     args = parse(argv)
-    torch = gpu_torch()
+    torch = gpu_torch("python grader.py 06 (or 09)")
     if torch is None:
         return 2
     import triton

@@ -1,24 +1,26 @@
-"""`python grader.py --bench paper`: the paper's Figure 2 (left) on this GPU.
+"""`python grader.py --bench paper [--no-ncu]`: the paper's Figure 2 (left) on this GPU.
 
 GPT-2 medium attention (batch 64, 16 heads, n 1024, d 64, causal, fp16), one forward + backward
 step: standard attention written in PyTorch (matmul, mask, softmax, matmul) against exercise 09's
 kernel. GFLOPs, runtime, peak memory and HBM traffic, the last from the 05 + 08 model and measured
 with Nsight Compute (ncu) in a subprocess where it is installed and allowed, beside the paper's
-A100 numbers.
+A100 numbers. A column that cannot run on this GPU gets a note; any other error stops the benchmark,
+naming its column.
 """
 from __future__ import annotations
 
+import argparse
 import csv
-import math
 import shutil
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 
-from kata.tools import io_report
-from kata.bench.forward import BACKWARD_FLOPS, REFERENCE, YOURS, _guarded, _peak_mib, methods
+from kata.bench.common import guarded, gpu_torch, median_ms, peak_mib, standard_attention
+from kata.bench.forward import BACKWARD_FLOPS, REFERENCE, YOURS, methods
 from kata.exercises import ROOT, SOLUTIONS_DIR, find, load
+from kata.tools import io_report
 
 PAPER_B, PAPER_H, PAPER_N, PAPER_D = io_report.BATCH, io_report.HEADS, io_report.N_GPT2, io_report.D
 PAPER_A100 = {"standard": {"gflops": 66.6, "hbm": 40.3, "ms": 41.7},  # Dao et al. 2022, Figure 2 (left)
@@ -37,18 +39,18 @@ HBM model: the closed forms of exercises 05 and 08 (solutions/), block 128, caus
   from Nsight Compute (L2 hits are not DRAM traffic, so this can come out below the model)."""
 
 
-def standard_attention(torch, q, k, v):
-    """Causal attention as PyTorch runs it step by step: matmul, mask, softmax, matmul."""
-    n = q.shape[-2]
-    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
-    return torch.softmax(s, dim=-1) @ v
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="grader.py --bench paper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--no-ncu", action="store_true",
+                   help="no Nsight Compute: the HBM traffic is the model's alone (profiling takes minutes)")
+    return p.parse_args(argv)
 
 
 def paper_methods(torch, target: Path) -> dict:
     """column name -> attention(q, k, v) -> o, causal, differentiable."""
     kata = {n: fn for n, fn in methods(torch, target, "09").items() if n in (YOURS, REFERENCE)}
-    return {STANDARD: partial(standard_attention, torch),
+    return {STANDARD: partial(standard_attention, torch, causal=True),
             **{f"{n} (09)": partial(fn, causal=True) for n, fn in kata.items()}}
 
 
@@ -78,10 +80,11 @@ def paper_flops(name: str) -> tuple[float, float]:
 def paper_model_gb() -> dict:
     """HBM reads + writes in GB of one forward + backward, standard and flash, from 05's and 08's closed forms."""
     fwd, bwd = load(find("05"), SOLUTIONS_DIR), load(find("08"), SOLUTIONS_DIR)
+    sizes = dict(n=PAPER_N, d=PAPER_D, block_q=io_report.BLOCK, block_k=io_report.BLOCK, causal=True)
     out = {}
     for kind in ("standard", "flash"):
-        elements = (sum(io_report._io(fwd, f"{kind}_attention_io", PAPER_N, True))
-                    + sum(io_report._io(bwd, f"{kind}_backward_io", PAPER_N, True)))
+        elements = (sum(getattr(fwd, f"{kind}_attention_io")(**sizes))
+                    + sum(getattr(bwd, f"{kind}_backward_io")(**sizes)))
         out[kind] = elements * io_report.BYTES_FP16 * PAPER_H * PAPER_B / io_report.GB
     return out
 
@@ -148,23 +151,26 @@ def paper_table(columns: dict, model: dict, device: str) -> str:
     return "\n".join([title, tabulate(body, head, stralign="right", disable_numparse=True), "", PAPER_NOTES])
 
 
-def paper(torch, target: Path) -> int:
-    from triton.testing import do_bench
+def main(target: Path, argv: list[str]) -> int:
+    args = parse(argv)
+    torch = gpu_torch("python grader.py 09", bf16=False)  # fp16, as the paper
+    if torch is None:
+        return 2
     columns = {}
     for column, fn in paper_methods(torch, target).items():
         counted, executed = paper_flops(column)
 
         def timed(fn=fn):
             step, _ = paper_step(torch, fn)
-            gib = _peak_mib(torch, step) / 1024
-            return {"ms": do_bench(step, warmup=5, rep=50, return_mode="median"), "gib": gib}
-        columns[column] = {"counted": counted, "executed": executed, **_guarded(torch, timed)}
+            gib = peak_mib(torch, step) / 1024
+            return {"ms": median_ms(step, warmup=5, rep=50), "gib": gib}
+        columns[column] = {"counted": counted, "executed": executed, **guarded(torch, column, timed)}
         if "note" not in columns[column]:
-            columns[column]["ncu"] = ncu_traffic_gb(column, target)
+            columns[column]["ncu"] = "skipped (--no-ncu)" if args.no_ncu else ncu_traffic_gb(column, target)
         print(f"{column}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                         for k, v in columns[column].items()), flush=True)
     print(paper_table(columns, paper_model_gb(), torch.cuda.get_device_name()))
-    if shutil.which("ncu") is None:
+    if not args.no_ncu and shutil.which("ncu") is None:
         print("Nsight Compute (ncu) is not installed: the HBM traffic above is the model's alone.")
     return 0
 

@@ -79,8 +79,8 @@ def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: 
 
 
 def run_bench(target: Path, argv: list[str]) -> int:
-    from kata.bench import forward as bench  # imports torch: only when asked for
-    return bench.main(target, argv)
+    from kata.bench.main import main  # the benchmarks' modules, loaded only when one is asked for
+    return main(target, argv)
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:

@@ -1,9 +1,8 @@
 """The forward + backward benchmark's arithmetic and tables, the paper's Figure 2 table, Nsight
-Compute's CSV, and the dispatch to the decoding benchmark, on made-up numbers (timing needs a GPU)."""
-import sys
-import types
+Compute's CSV, and the dispatch among the benchmarks, on made-up numbers (timing needs a GPU)."""
+import pytest
 
-from kata.bench import forward as bench, paper as bench_paper
+from kata.bench import decode as bench_decode, forward as bench, main as bench_main, paper as bench_paper
 
 NAMES = ["yours", "reference", "sdpa default", "sdpa flash", "naive"]
 
@@ -86,24 +85,18 @@ def test_paper_model_reads_the_closed_forms_of_05_and_08():
     assert 25 < gb["standard"] < 45 and 2 < gb["flash"] < 8  # the paper measured 40.3 and 4.4
 
 
-def test_decode_dispatches_to_its_module(monkeypatch, tmp_path):
+@pytest.mark.parametrize("module, name", [(bench_decode, "decode"), (bench_paper, "paper"), (bench, "")],
+                         ids=["decode", "paper", "forward"])
+def test_the_first_word_picks_the_benchmark_and_the_rest_are_its_flags(monkeypatch, tmp_path, module, name):
+    """A word passed on to the forward benchmark, or flags dropped, runs another benchmark than asked."""
     seen = []
-    fake = types.ModuleType("kata.bench.decode")
-    fake.main = lambda target, argv: seen.append((target, argv)) or 7
-    monkeypatch.setitem(sys.modules, "kata.bench.decode", fake)
-    assert bench.main(tmp_path, ["decode", "--n", "4096"]) == 7
+    monkeypatch.setattr(module, "main", lambda target, argv: seen.append((target, argv)) or 7)
+    assert bench_main.main(tmp_path, [name, "--n", "4096"] if name else ["--n", "4096"]) == 7
     assert seen == [(tmp_path, ["--n", "4096"])]
 
 
-def test_decode_without_its_module_says_so(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(sys.modules, "kata.bench.decode", None)  # import fails as if the file were missing
-    code = bench.main(tmp_path, ["decode"])
-    out = capsys.readouterr().out
-    assert code == 2 and "bench/decode.py" in out
-
-
 def test_paper_without_a_gpu_measures_nothing(monkeypatch, capsys, tmp_path):
-    torch = __import__("pytest").importorskip("torch")
+    torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(tmp_path, ["paper"]) == 2
+    assert bench_main.main(tmp_path, ["paper"]) == 2
     assert "nothing was measured" in capsys.readouterr().out

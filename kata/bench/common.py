@@ -1,0 +1,152 @@
+"""What the benchmarks share: the GPU check, the guard around each column, timing, peak memory, and
+attention written in PyTorch (standard attention, a column itself, and the float64 oracle of the tests)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from kata.exercises import find, load
+from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
+
+# How torch says that it has no kernel for these inputs on this machine: SDPA held to one backend
+# (sdpa_kernel) that refuses them reports "No available kernel" from the CUDA dispatcher and "No
+# viable backend" from the CPU's; cuDNN attention that finds no execution plan for these shapes on
+# this GPU reports "cuDNN Frontend error". Every other RuntimeError (a shape mismatch, an illegal
+# memory access) is a bug, and is raised.
+NO_KERNEL_HERE = ("No available kernel", "No viable backend", "cuDNN Frontend error")
+
+
+class ColumnError(Exception):
+    """A bug in one column of a benchmark, raised from the error itself: the benchmark stops on it.
+
+    An error of its own type, because the grader reads some (a KeyError is a LookupError) as the
+    learner's mistake on its command line."""
+
+    def __init__(self, column: str, err: BaseException):
+        super().__init__(f"column {column!r} failed: {type(err).__name__}: {err}")
+
+
+def gpu_torch(tested_by: str, bf16: bool = True):
+    """torch when a CUDA GPU (with bfloat16, if `bf16`) is usable, else None, having said why nothing
+    was measured; `tested_by` is the grader command that still tests the kernels on the CPU."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError as err:
+        print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")
+        return None
+    if not torch.cuda.is_available():
+        why = gpu_skip_reason(torch)
+        print("The benchmark needs a CUDA GPU, and none is usable here; nothing was measured.\n"
+              + ("" if why == NO_GPU else why + "\n")
+              + f"Your kernels' correctness is still tested on the CPU: {tested_by}")
+        return None
+    if bf16 and (why := bf16_missing(torch)):
+        print(f"Every cell of the benchmark is bfloat16, so all are skipped: {why}. Nothing was measured.")
+        return None
+    return torch
+
+
+def median_ms(fn, warmup: int = 25, rep: int = 100, grad_to_none=None) -> float:
+    """Median time of fn() in ms over `rep` ms of calls, after `warmup` ms of them; the tensors in
+    `grad_to_none` lose their .grad before each call, so that a backward does not accumulate."""
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def peak_mib(torch, fn) -> float:
+    """Peak CUDA memory during one fn(), MiB, what was allocated before it (the inputs) included."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def max_error(out, expected) -> float:
+    """The largest absolute difference, in float32 whatever the dtypes."""
+    return (out.float() - expected.float()).abs().max().item()
+
+
+def not_started(err: BaseException) -> bool:
+    """A stub's NotImplementedError, also wrapped: Triton's interpreter raises it as the cause of its own
+    error, its compiler quotes the stub's `raise` line."""
+    while err is not None:
+        if isinstance(err, NotImplementedError) or "NotImplementedError" in str(err):
+            return True
+        err = err.__cause__
+    return False
+
+
+def cannot_run_here(torch, err: BaseException) -> str | None:
+    """The table's note when `err` says that a column cannot run on this machine, or None: a bug."""
+    from triton.runtime.errors import OutOfResources
+    if not_started(err):
+        return "not started"  # the learner's kernel, unfinished: a state, not a bug
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return "OOM"
+    if isinstance(err, OutOfResources):  # tiles that need more shared memory than this GPU has
+        return "no room in SRAM"
+    if isinstance(err, RuntimeError) and any(words in str(err) for words in NO_KERNEL_HERE):
+        return "no kernel here"
+    return None
+
+
+def guarded(torch, column: str, timed) -> dict:
+    """timed()'s numbers, or {'note'} saying why `column` cannot run here.
+
+    Any other error raises a ColumnError: a NameError, TypeError, AttributeError or failed import
+    in a column is a bug in the kata or the learner's code, and a note in the table would hide it (a
+    column lost that way looks like a backend this GPU lacks).
+    """
+    try:
+        return timed()
+    except Exception as err:
+        note = cannot_run_here(torch, err)
+        if note is None:
+            raise ColumnError(column, err) from err
+        return {"note": note}
+    finally:
+        torch.cuda.empty_cache()
+
+
+def kernel(column: str, number: str, folder: Path, name: str):
+    """Function `name` of exercise `number` in `folder`, for `column`; a file that does not load (a
+    syntax error, a missing function) raises a ColumnError, as a bug in the column would."""
+    try:
+        return getattr(load(find(number), folder), name)
+    except Exception as err:
+        raise ColumnError(column, err) from err
+
+
+def repeat_kv(q, k, v):
+    """k and v with each head repeated for the H_q / H_kv query heads it serves (GQA: query head h reads
+    kv head h // (H_q / H_kv), as SDPA's enable_gqa), for code that has no GQA."""
+    group = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def standard_attention(torch, q, k, v, causal: bool = False):
+    """softmax(q kᵀ / sqrt(d)) v as PyTorch runs it step by step, the n × n scores in HBM: matmul, mask,
+    softmax, matmul. The paper's standard attention; the forward benchmark's naive column."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), -math.inf)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def reference_attention(torch, q, k, v, causal: bool = False):
+    """Dense attention in float64 from the definition: the oracle each column is checked against.
+
+    q (B, H_q, n_q, D), k and v (B, H_kv, n_k, D), H_kv dividing H_q (GQA as in `repeat_kv`). causal:
+    query i attends key j iff j <= i (top-left), so every row keeps key 0. Returns (B, H_q, n_q, D)
+    float64, differentiable.
+    """
+    k, v = repeat_kv(q, k.double(), v.double())
+    q = q.double()
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.arange(n_k, device=q.device) > torch.arange(n_q, device=q.device)[:, None],
+                          -math.inf)
+    return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)) @ v

@@ -1,0 +1,204 @@
+"""Every column of every benchmark run at a tiny size and checked against the float64 reference, and
+the guard that lets only "this cannot run here" become a note in a table.
+
+The benchmarks time on a GPU, so a column that fails on every input (a NameError in standard
+attention) fails only there, or vanishes into a note. Here each column's attention function runs on
+the machine the tests run on: without a GPU on CPU tensors, the Triton kernels in Triton's
+interpreter.
+"""
+import re
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from triton_helpers import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from kata.bench import common, decode, forward, main as bench_main, paper  # noqa: E402
+from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
+
+TOL = 1e-4 if INTERPRETED else 1e-2  # float32 inputs; on a GPU tl.dot rounds them to TF32
+# SDPA held to one backend may have no kernel for float32 inputs here: cuDNN attention has none on the
+# CPU, flash and cuDNN take only 16-bit inputs on a GPU. Every other column must run.
+MAY_HAVE_NO_KERNEL = {"sdpa flash", "sdpa cudnn"}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A learner's folder holding the solved 06, 09 and 10, so that the 'yours' columns run too."""
+    folder = tmp_path_factory.mktemp("target")
+    for number in ("06", "09", "10"):
+        shutil.copy(SOLUTIONS_DIR / find(number).filename, folder)
+    return folder
+
+
+def inputs(seed, B=2, H_q=2, H_kv=2, n_q=5, n_k=7, D=16):
+    """q (B, H_q, n_q, D), k and v (B, H_kv, n_k, D), float32, on the tests' device: n_q != n_k, so that
+    a mask built for a square has the wrong shape."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H_q, n_q, D, generator=gen)
+    k, v = (torch.randn(B, H_kv, n_k, D, generator=gen) for _ in range(2))
+    return [t.to(DEVICE) for t in (q, k, v)]
+
+
+def run(column, fn, *args):
+    """fn(*args), or None where SDPA has no kernel for these inputs here; any other error fails the test."""
+    try:
+        return fn(*args)
+    except Exception as err:
+        if column in MAY_HAVE_NO_KERNEL and common.cannot_run_here(torch, err) == "no kernel here":
+            return None
+        raise AssertionError(f"column {column!r} raised {type(err).__name__}: {err}") from err
+
+
+def assert_close(column, what, got, expected):
+    err = (got.double() - expected).abs().max().item()
+    assert err <= TOL, f"column {column!r}: {what} is {err:.3g} off the float64 reference (tolerance {TOL:g})"
+
+
+def with_gradients(fn, q, k, v, do):
+    """fn's output on leaf copies of q, k, v, and their gradients after backward(do)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(do)
+    return out, [t.grad for t in leaves]
+
+
+def check_training(column, fn, q, k, v, causal):
+    """fn(q, k, v) and its dq, dk, dv against the reference's, for a random output gradient."""
+    do = torch.randn_like(q)
+    got = run(column, with_gradients, fn, q, k, v, do)
+    if got is None:
+        return
+    expected = with_gradients(lambda *t: common.reference_attention(torch, *t, causal=causal),
+                              q.double(), k.double(), v.double(), do.double())
+    for what, mine, ref in zip(("o", "dq", "dk", "dv"), [got[0], *got[1]], [expected[0], *expected[1]]):
+        assert_close(column, what, mine, ref)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_columns_match_the_reference(target, causal):
+    """`--bench`: yours (06), reference, SDPA default, flash, cuDNN, and naive attention."""
+    q, k, v = inputs(seed=1)
+    table = forward.methods(torch, target)
+    assert set(table) == {forward.YOURS, forward.REFERENCE, "sdpa default", *MAY_HAVE_NO_KERNEL, forward.NAIVE}
+    expected = common.reference_attention(torch, q, k, v, causal=causal)
+    for column, fn in table.items():
+        out = run(column, fn, q, k, v, causal)
+        if out is not None:
+            assert_close(column, "o", out, expected)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_backward_columns_match_the_reference(target, causal):
+    """`--bench`'s forward + backward: yours and reference are 09's kernel, differentiable."""
+    q, k, v = inputs(seed=2)
+    for column, fn in forward.methods(torch, target, "09").items():
+        check_training(column, lambda *t, fn=fn: fn(*t, causal), q, k, v, causal)
+
+
+def test_paper_columns_match_the_reference(target):
+    """`--bench paper`: standard attention in PyTorch and 09's kernels, causal, forward + backward."""
+    q, k, v = inputs(seed=3)
+    table = paper.paper_methods(torch, target)
+    assert set(table) == {paper.STANDARD, "yours (09)", "reference (09)"}
+    for column, fn in table.items():
+        check_training(column, fn, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("num_splits", [None, 2], ids=["splits-chosen", "splits-2"])
+def test_decode_columns_match_the_reference(target, num_splits):
+    """`--bench decode`: one query row, 4 query heads over 2 kv heads; 06 on K/V repeated to 4 heads."""
+    q, k, v = inputs(seed=4, H_q=4, H_kv=2, n_q=1, n_k=9)
+    expected = common.reference_attention(torch, q, k, v)
+    table, _ = decode.methods(torch, target, num_splits)
+    assert set(table) == {decode.YOURS, decode.REFERENCE, decode.SDPA}
+    columns = [(name, fn, (q, k, v)) for name, fn in table.items()]
+    columns += [(decode.FA06, decode.expanded_06(), (q, *common.repeat_kv(q, k, v))),
+                ("sdpa, K/V repeated", lambda *t: decode.sdpa_gqa(torch, *t, enable_gqa=False), (q, k, v))]
+    for column, fn, args in columns:
+        assert_close(column, "o", run(column, fn, *args), expected)
+
+
+def raising(err):
+    def timed():
+        raise err
+    return timed
+
+
+def wrapped(outer, inner):
+    """`outer` raised from `inner`, as Triton's interpreter raises a stub's NotImplementedError."""
+    try:
+        raise outer from inner
+    except Exception as err:
+        return err
+
+
+def no_cudnn_attention():
+    """The error torch raises for SDPA held to cuDNN attention on CPU tensors (no such backend there)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(*inputs(seed=5, n_q=7))
+    except RuntimeError as err:
+        return err
+    raise AssertionError("SDPA ran on cuDNN attention on the CPU: pick another backend this machine lacks")
+
+
+@pytest.mark.parametrize("err, note", [
+    (NotImplementedError("_attn_fwd: replace this line with your code"), "not started"),
+    (wrapped(RuntimeError("interpreter failed"), NotImplementedError("_attn_fwd")), "not started"),
+    (RuntimeError('at 12:4:\n    raise NotImplementedError("_attn_fwd: ...")'), "not started"),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB"), "OOM"),
+    (OutOfResources(262144, 232448, "shared memory"), "no room in SRAM"),
+    (RuntimeError("No available kernel.  Aborting execution."), "no kernel here"),
+    (RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."),
+     "no kernel here"),
+    (no_cudnn_attention(), "no kernel here"),
+], ids=["stub", "stub-interpreted", "stub-compiled", "oom", "sram", "no-kernel", "cudnn-no-plan", "cudnn-cpu"])
+def test_the_guard_notes_what_cannot_run_here(err, note):
+    """A learner's unfinished kernel, a full GPU, a backend this machine lacks: a note, and the table goes on."""
+    assert common.guarded(torch, "sdpa cudnn", raising(err)) == {"note": note}
+
+
+def shape_mismatch():
+    try:
+        torch.ones(2, 3) @ torch.ones(2, 3)
+    except RuntimeError as err:
+        return err
+
+
+@pytest.mark.parametrize("err", [
+    NameError("name 'math' is not defined"), TypeError("standard_attention() missing 1 required argument"),
+    AttributeError("module 'torch' has no attribute 'sofmax'"), ImportError("cannot import name 'methods'"),
+    AssertionError("block sizes"), ValueError("q must be 4-D"), shape_mismatch(),
+], ids=["name", "type", "attribute", "import", "assert", "value", "shape-mismatch"])
+def test_the_guard_raises_a_bug_naming_its_column(err):
+    """A column's bug as a note would look like a backend this GPU lacks, and its column would vanish."""
+    words = re.escape(f"column '{paper.STANDARD}' failed: {type(err).__name__}")
+    with pytest.raises(common.ColumnError, match=words) as raised:
+        common.guarded(torch, paper.STANDARD, raising(err))
+    assert raised.value.__cause__ is err
+
+
+def test_the_guard_returns_the_numbers():
+    assert common.guarded(torch, forward.NAIVE, lambda: {"ms": 1.5}) == {"ms": 1.5}
+
+
+def test_a_learners_file_that_does_not_load_stops_the_benchmark_naming_its_column(tmp_path):
+    (tmp_path / find("06").filename).write_text("def flash_attention(q, k, v, causal=False):\n    return q +\n")
+    with pytest.raises(common.ColumnError, match="column 'yours' failed: SyntaxError"):
+        forward.methods(torch, tmp_path)
+
+
+def test_a_column_error_exits_1_with_its_traceback_and_column(monkeypatch, capsys, tmp_path):
+    """The grader prints other errors in one line, and reads a KeyError as a mistake on its command line."""
+    def broken(target, argv):
+        common.guarded(torch, decode.FA06, raising(KeyError("HEAD_DIM")))
+
+    monkeypatch.setattr(decode, "main", broken)
+    assert bench_main.main(tmp_path, ["decode"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in timed\n    raise err" in err  # where the bug is
+    assert err.strip().endswith(f"The benchmark stopped: column '{decode.FA06}' failed: KeyError: 'HEAD_DIM'")
