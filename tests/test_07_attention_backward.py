@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, watch, weights, with_offsets
+from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, weights, with_offsets
 from oracles_backward import attention_grads, softmax_grad
+from spies import watch
 
 SOFTMAX_BACKWARD = "ds = p ∘ (dp − D), D = rowsum(p ∘ dp): one number per row, summed along the last axis"
 FORMULAS = ("P = exp(S − lse) (0 where masked), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D) with D = rowsum(dO ∘ O), "
@@ -332,7 +333,7 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
 
     The SPEC fixes FlashAttention-2's order, so another order is a bug here, not a style: the order
     is what keeps dK_j and dV_j on chip. (FlashAttention's own Algorithm 4 has it too.) k and v arrive
-    watched (tests/oracles.py, `watch`): each NumPy operation on them records the rows it read. Each
+    watched (tests/spies.py, `watch`): each NumPy operation on them records the rows it read. Each
     read must lie in one key block, and the key blocks read, in order, must be the scheduled ones,
     ascending, each in one stretch. Code that hides its reads (np.asarray(k) hands back a plain array)
     cannot be checked here: the test is then reported skipped, with that reason.
