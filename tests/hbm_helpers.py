@@ -59,6 +59,15 @@ def check_counts(hbm: HBM, closed_form, expected: dict, what: str, convention: s
         f"{(hbm.reads, hbm.writes)}, the hand count is {totals(expected)} (reads, writes)")
 
 
+def check_closed_forms(ex, expected: dict, n: int, d: int, block_q: int, block_k: int, causal: bool) -> None:
+    """{closed form's name in ex: (reads, writes)}: each closed form at these sizes against its count."""
+    __tracebackhide__ = True
+    for name, want in expected.items():
+        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
+        assert tuple(got) == want, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
+                                    f"expected (reads, writes) = {want}, got {tuple(got)}")
+
+
 def totals(moves: dict) -> tuple[int, int]:
     """(reads, writes) summed over the arrays of a hand count."""
     return sum(r for r, _ in moves.values()), sum(w for _, w in moves.values())

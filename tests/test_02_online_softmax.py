@@ -8,7 +8,8 @@ import pytest
 
 import oracles
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, dims_id, scores_with_masked_keys, watch
+from oracles import DTYPES, TOL, dims_id, scores_with_masked_keys
+from spies import watch
 
 MASKED_ROW = "a fully masked row (all -inf) gives m = -inf, l = 0 and weights of all 0, never NaN"
 RESCALE = "when a block raises the max from m to m_new, l is multiplied by exp(m - m_new)"
@@ -190,7 +191,7 @@ def test_stats_are_one_pass_in_blocks(ex, rng, block_size):
     """A two-pass solution in disguise: the row max over all columns first (x.max, np.max, argmax,
     np.sort, take_along_axis, a chunked loop for the max), then the sum.
 
-    x arrives watched (tests/oracles.py, `watch`): every NumPy operation on x, a view of it, or a
+    x arrives watched (tests/spies.py, `watch`): every NumPy operation on x, a view of it, or a
     copy made by astype or copy records the cells it read. Each must read at most block_size
     columns of a row, and the blocks of a row must come left to right, never back to an earlier
     column. This proves the order of the reads, not the arithmetic (the other tests check that).

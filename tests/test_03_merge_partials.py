@@ -2,13 +2,12 @@
 
 Each test's name says the bug it catches; mutants/03_merge_partials.toml holds those bugs.
 """
-import inspect
-
 import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, attention, case_id, random_qkv, with_offsets
+from spies import record_calls
 
 NO_KEY = "a row that attends no key (no keys, or all masked) gives o = 0 and lse = -inf, never NaN"
 EMPTY_SIDE = "(anything, -inf) is the merge's identity: a side with lse = -inf adds nothing, whatever its o"
@@ -276,15 +275,7 @@ def test_split_kv_chunks_are_contiguous(ex, rng, monkeypatch, n_k, num_splits):
     attention_partial is wrapped to record the keys of each call (however its arguments are passed).
     """
     q, k, v = random_qkv(rng, 3, n_k, 4, 2)
-    calls = []
-    attention_partial = ex.attention_partial
-    signature = inspect.signature(attention_partial)
-
-    def recorded(*args, **kwargs):
-        calls.append(np.array(signature.bind(*args, **kwargs).arguments["k"], copy=True))
-        return attention_partial(*args, **kwargs)
-
-    monkeypatch.setattr(ex, "attention_partial", recorded)
+    calls = record_calls(monkeypatch, ex, "attention_partial", lambda args: np.array(args["k"], copy=True))
     ex.split_kv_attention(q, k, v, num_splits)
     what = f"split_kv_attention(q (3, 4), k ({n_k}, 4), v ({n_k}, 2), num_splits={num_splits})"
     if not calls:

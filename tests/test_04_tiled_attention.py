@@ -4,14 +4,12 @@ a dense float64 oracle.
 Each test's name says the bug it catches; mutants/04_tiled_attention.toml holds those bugs.
 Keys and values that no scheduled tile covers hold NaN in every attention test: reading them is a bug.
 """
-
-import inspect
-
 import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, watch, with_offsets
+from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, with_offsets
+from spies import record_calls, watch
 
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
 FIRST_TILES = "a row whose first tiles are fully masked keeps m = -inf (shift by 0) and stays exact"
@@ -310,7 +308,7 @@ def test_reads_each_scheduled_tile_once(ex, rng, n_q, n_k, block_q, block_k, cau
     right), or attention computed densely per query block over all its keys at once, ignoring the
     tile loop.
 
-    k and v arrive watched (tests/oracles.py, `watch`): every NumPy operation on them, a view
+    k and v arrive watched (tests/spies.py, `watch`): every NumPy operation on them, a view
     (k[start:stop], k[cols]) or a copy of them records the rows it read. Each read must be the rows
     of one key block, and the blocks read must be the scheduled tiles' key blocks, in order.
     np.asarray, np.array and np.ascontiguousarray hand back plain arrays whose reads cannot be
@@ -358,16 +356,7 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
         mask[:block_q] = True  # query block 0 is fully allowed: no tile of it needs the mask unless causal
     schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
     monkeypatch.setattr(ex, "tile_schedule", lambda *args, **kwargs: list(schedule))
-    asked = []
-    tile_allowed = ex.tile_allowed
-
-    def recorded(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs).arguments  # however the learner passes them
-        asked.append((bound["rows"], bound["cols"]))
-        return tile_allowed(*args, **kwargs)
-
-    signature = inspect.signature(tile_allowed)
-    monkeypatch.setattr(ex, "tile_allowed", recorded)
+    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]))
     ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, mask=mask)
     flagged = {(i, j) for i, j, needs_mask in schedule if needs_mask}
     for rows, cols in asked:

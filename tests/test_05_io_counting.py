@@ -8,7 +8,7 @@ pair. Outputs are checked against a dense float64 oracle. mutants/05_io_counting
 import numpy as np
 import pytest
 
-from hbm_helpers import call_counted, check_counts, check_outputs, check_times, totals
+from hbm_helpers import call_counted, check_closed_forms, check_counts, check_outputs, check_times, totals
 from kata.given.hbm import HBM
 from oracles import allowed_pairs, case_id, scores, weights
 
@@ -203,11 +203,9 @@ def test_reads_are_tiles(ex, rng, algorithm, causal):
 @pytest.mark.parametrize("n, d, block_q, block_k, causal", CASES)
 def test_closed_forms_match_the_hand_count(ex, n, d, block_q, block_k, causal):
     """T_r rounded down (floor, not ceil), causal tiles counted as if all were read, L forgotten."""
-    for name, expected in (("standard_attention_io", totals(standard_moves(n, d, block_q, block_k))),
-                           ("flash_attention_io", totals(flash_moves(n, d, block_q, block_k, causal)))):
-        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
-        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
-                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+    check_closed_forms(ex, {"standard_attention_io": totals(standard_moves(n, d, block_q, block_k)),
+                            "flash_attention_io": totals(flash_moves(n, d, block_q, block_k, causal))},
+                       n, d, block_q, block_k, causal)
 
 
 HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (reads, writes))
@@ -222,10 +220,7 @@ HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (re
                          ids=[case_id(h[4], n=h[0], d=h[1], bq=h[2], bk=h[3]) for h in HAND])
 def test_closed_forms_on_numbers_worked_by_hand(ex, n, d, block_q, block_k, causal, standard, flash):
     """The closed forms on small cases whose every term was added up on paper."""
-    for name, expected in (("standard_attention_io", standard), ("flash_attention_io", flash)):
-        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
-        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
-                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+    check_closed_forms(ex, {"standard_attention_io": standard, "flash_attention_io": flash}, n, d, block_q, block_k, causal)
 
 
 # Sizes a count written as a loop over every tile (what Σ_i keys_i suggests) still grades in well

@@ -5,48 +5,25 @@ shapes); with one, the same tests run compiled, and the tests marked gpu add flo
 float32 at up to 4096 tokens. Each test's name says the bug it catches; mutants/06_triton_kernel.toml
 holds those bugs.
 """
-import math
+from functools import partial
 
 import pytest
 
-from checks import assert_close, assert_unmodified
+from checks import assert_close
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, WRAPPER_BAD_INPUTS, call, gpu,  # noqa: E402
-                            poisoned_buffers, randn, skip_unless_supported)  # noqa: F401 (a fixture)
+from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
+                            call, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
+                            poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
+                            tolerance, visible)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log2(0) = -inf, wanted
 MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
-PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
-LSE = "lse is the natural log: (m + log2(l)) · ln(2) when m is kept in base 2"
 NOT_READ = "keys that no query may attend hold NaN here: a NaN in o means such a key (a tile) was loaded"
-TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
-    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
-}
-
-
-def oracle(q, k, v, causal=False, scale=None, kv_lens=None):
-    """softmax(scale q k^T + mask) v and its log-sum-exp in float64, straight from the definition.
-
-    The tests put NaN only in keys that no query may attend; the oracle reads them as 0.
-    """
-    q, k, v = q.double(), k.double().nan_to_num(), v.double().nan_to_num()
-    n_q, n_k = q.shape[2], k.shape[2]
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    keep = torch.ones(q.shape[0], 1, n_q, n_k, dtype=torch.bool, device=q.device)
-    if causal:
-        keep &= torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
-    if kv_lens is not None:
-        live = torch.arange(n_k, device=q.device) < kv_lens[:, None].to(q.device)  # (B, n_k)
-        keep &= live[:, None, None, :]
-    s = torch.where(keep, (q @ k.transpose(-1, -2)) * scale, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.where(keep, torch.exp(s - lse[..., None]), 0.0)  # a fully masked row weighs nothing
-    return p @ v, lse
 
 
 def name(q, k, causal=False, kv_lens=None, scale=None) -> str:
@@ -59,25 +36,10 @@ def check(ex, q, k, v, causal=False, scale=None, kv_lens=None, convention="", ls
           nan_convention=""):
     """Run the kernel, check the inputs are unmodified, then compare o and lse with the oracle."""
     __tracebackhide__ = True
-    before = [t.clone() for t in (q, k, v)]
-    o, lse = call(ex.flash_attention, q, k, v, causal=causal, scale=scale, kv_lens=kv_lens)
-    for t, t0, label in zip((q, k, v), before, "qkv"):
-        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
-    what = name(q, k, causal, kv_lens, scale)
-    assert o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), \
-        f"{what}: o must have q's dtype and shape {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
-    assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(q.shape[:3]), \
-        f"{what}: lse must be float32 of shape {tuple(q.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}"
-    o_ref, lse_ref = oracle(q, k, v, causal, scale, kv_lens)
-    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
-    assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
-                 rtol=tol, atol=tol, convention=convention, nan_convention=nan_convention)
-    assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
-                 rtol=tol, atol=tol, convention=lse_convention)
-
-
-def shape_id(s):
-    return "b{}-h{}-nq{}-nk{}-d{}".format(*s)
+    check_forward(partial(ex.flash_attention, causal=causal, scale=scale, kv_lens=kv_lens), q, k, v,
+                  name(q, k, causal, kv_lens, scale), keep=visible(kv_lens, q.shape[0], k.shape[2]),
+                  causal=causal, scale=scale, convention=convention, lse_convention=lse_convention,
+                  nan_convention=nan_convention)
 
 
 # (B, H, n_q, n_k, D); the interpreter runs 32-row query blocks and 16-key tiles
@@ -107,8 +69,7 @@ def test_padding_keys_are_never_read(ex, rng, causal):
     B, n_k = 4, 40
     q, k, v = randn(rng, B, 2, 37, 16), randn(rng, B, 2, n_k, 16), randn(rng, B, 2, n_k, 16)
     kv_lens = torch.tensor([n_k, 1, 17, 33], device=DEVICE)
-    pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
-    k, v = k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan)  # padding holds NaN
+    k, v = poison_padding(k, v, kv_lens)
     check(ex, q, k, v, causal=causal, kv_lens=kv_lens, convention=PADDING, nan_convention=PADDING)
 
 
@@ -134,17 +95,10 @@ def test_explicit_scale(ex, rng, scale):
           convention="s = scale * q k^T; exp(x) = exp2(x * log2(e))")
 
 
-# Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
-# any power-of-two tile size up to 256: such keys may hold NaN.
-UNREAD_FROM = 256
-
-
 def unattended_keys_poisoned(rng, B, H, n_q, n_k, D, dtype=torch.float32):
     """q, k, v with NaN in every key from the first multiple of UNREAD_FROM past the last query."""
     q, k, v = (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k))
-    start = math.ceil(n_q / UNREAD_FROM) * UNREAD_FROM
-    k[:, :, start:] = math.nan
-    v[:, :, start:] = math.nan
+    poison_unattended_keys(n_q, k, v)
     return q, k, v
 
 
@@ -170,29 +124,21 @@ def test_matches_torch_sdpa(ex, rng):
     q, k, v = randn(rng, 2, 2, 26, 16), randn(rng, 2, 2, 50, 16), randn(rng, 2, 2, 50, 16)
     o, _ = call(ex.flash_attention, q, k, v, causal=True)
     expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
-    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    tol = tolerance(q.dtype)
     assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, True)}: o vs torch SDPA",
                  rtol=tol, atol=tol, convention=CAUSAL)
 
 
-def _qk(rng, n_q=5, n_k=7, D=16):
-    return randn(rng, 2, 1, n_q, D), randn(rng, 2, 1, n_k, D)
-
-
 @pytest.mark.given
-@pytest.mark.skipif(DEVICE != "cpu", reason="tests the interpreter: compiled, bfloat16 works")
+@interpreted_only
 def test_interpreter_refuses_bfloat16(ex, rng):
     """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
-    q, k = _qk(rng)
+    q, k = small_qk(rng)
     with pytest.raises(ValueError, match="bfloat16"):
         ex.flash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16())
 
 
-BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_attention, words the ValueError must contain)
-    **WRAPPER_BAD_INPUTS, **KV_LENS_BAD_INPUTS,
-    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
-                                       v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
-}
+BAD_INPUTS = {**WRAPPER_BAD_INPUTS, **KV_LENS_BAD_INPUTS}  # id: (build(q, k) -> kwargs, words the ValueError must hold)
 
 
 @pytest.mark.given
@@ -201,7 +147,7 @@ def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
     """The wrapper names the problem (shape, dtype, device, head dim, kv_lens, scale) before any launch."""
     build, words = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=words):
-        ex.flash_attention(**build(*_qk(rng)))
+        ex.flash_attention(**build(*small_qk(rng)))
 
 
 GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128), (1, 2, 300, 200, 40),
@@ -240,9 +186,8 @@ def test_gpu_kv_lens(ex, rng, dtype, causal):
     dt, n_k = skip_unless_supported(dtype), 3000
     q, k, v = randn(rng, 4, 2, 2500, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt), randn(rng, 4, 2, n_k, 64, dtype=dt)
     kv_lens = torch.tensor([0, 1, 1500, n_k], device=DEVICE)
-    pad = (torch.arange(n_k, device=DEVICE) >= kv_lens[:, None])[:, None, :, None]
-    check(ex, q, k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan), causal=causal, kv_lens=kv_lens,
-          convention=PADDING, nan_convention=PADDING)
+    check(ex, q, *poison_padding(k, v, kv_lens), causal=causal, kv_lens=kv_lens, convention=PADDING,
+          nan_convention=PADDING)
 
 
 @gpu

@@ -1,5 +1,5 @@
 """Tests for exercise 07: softmax_backward, attention_backward and tiled_attention_backward against
-torch's float64 autograd of dense attention (tests/oracles_backward.py), and finite differences.
+torch's float64 autograd of dense attention (tests/oracles_torch.py), and finite differences.
 
 Each test's name says the bug it catches; mutants/07_attention_backward.toml holds those bugs.
 The o and lse handed to a backward come from the float64 forward oracle (tests/oracles.py), cast to
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, watch, weights, with_offsets
-from oracles_backward import attention_grads, softmax_grad
+from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, weights, with_offsets
+from oracles_torch import attention_grads, softmax_grad
+from spies import watch
 
 SOFTMAX_BACKWARD = "ds = p ∘ (dp − D), D = rowsum(p ∘ dp): one number per row, summed along the last axis"
 FORMULAS = ("P = exp(S − lse) (0 where masked), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D) with D = rowsum(dO ∘ O), "
@@ -81,7 +82,7 @@ def run_backward(ex, q, k, v, do, blocks=None, causal=False, mask=None, scale=No
     n_q, n_k = len(q), len(k)
     allowed = allowed_pairs(n_q, n_k, causal, mask)
     o, lse = forward(q, k, v, allowed, scale)
-    expected = attention_grads(q, k, v, do, allowed, scale)
+    expected = [g.numpy() for g in attention_grads(q, k, v, do, allowed, scale=scale)[1]]
     bounds = error_scale(q, k, v, do, allowed, scale)
     inputs = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     notes = [f"causal={causal}", "mask" if mask is not None else "", "" if scale is None else f"scale={scale}", label]
@@ -332,7 +333,7 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
 
     The SPEC fixes FlashAttention-2's order, so another order is a bug here, not a style: the order
     is what keeps dK_j and dV_j on chip. (FlashAttention's own Algorithm 4 has it too.) k and v arrive
-    watched (tests/oracles.py, `watch`): each NumPy operation on them records the rows it read. Each
+    watched (tests/spies.py, `watch`): each NumPy operation on them records the rows it read. Each
     read must lie in one key block, and the key blocks read, in order, must be the scheduled ones,
     ascending, each in one stretch. Code that hides its reads (np.asarray(k) hands back a plain array)
     cannot be checked here: the test is then reported skipped, with that reason.

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from hbm_helpers import call_counted, check_counts, check_outputs, check_times, totals
+from hbm_helpers import call_counted, check_closed_forms, check_counts, check_outputs, check_times, totals
 from kata.given.hbm import HBM
 from oracles import allowed_pairs, case_id, weights
 
@@ -230,11 +230,9 @@ def test_scale_argument_is_used(ex, rng, algorithm, scale, causal):
 def test_closed_forms_match_the_hand_count(ex, n, d, block_q, block_k, causal):
     """T_r or T_c rounded down, T_r and T_c swapped, causal tiles cut at the diagonal instead of read
     whole, or D's n writes forgotten."""
-    for name, expected in (("standard_backward_io", totals(standard_moves(n, d, block_q, block_k))),
-                           ("flash_backward_io", totals(flash_moves(n, d, block_q, block_k, causal)))):
-        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
-        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
-                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+    check_closed_forms(ex, {"standard_backward_io": totals(standard_moves(n, d, block_q, block_k)),
+                            "flash_backward_io": totals(flash_moves(n, d, block_q, block_k, causal))},
+                       n, d, block_q, block_k, causal)
 
 
 HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (reads, writes))
@@ -250,10 +248,7 @@ HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (re
                          ids=[case_id(h[4], n=h[0], d=h[1], bq=h[2], bk=h[3]) for h in HAND])
 def test_closed_forms_on_numbers_worked_by_hand(ex, n, d, block_q, block_k, causal, standard, flash):
     """The closed forms on small cases whose every term was added up on paper."""
-    for name, expected in (("standard_backward_io", standard), ("flash_backward_io", flash)):
-        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
-        assert tuple(got) == expected, (f"{name}({n}, {d}, {block_q}, {block_k}, causal={causal}): "
-                                        f"expected (reads, writes) = {expected}, got {tuple(got)}")
+    check_closed_forms(ex, {"standard_backward_io": standard, "flash_backward_io": flash}, n, d, block_q, block_k, causal)
 
 
 def extra_traffic(n, d, block_q, block_k):

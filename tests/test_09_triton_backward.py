@@ -6,16 +6,15 @@ shapes); with one, the same tests run compiled, and the tests marked gpu add flo
 float32 at up to 4096 tokens and a short training run beside torch's SDPA. Each test's name says
 the bug it catches; mutants/09_triton_backward.toml holds those bugs.
 """
-import math
-
 import pytest
 
 from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
+from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu,  # noqa: E402
-                            randn, skip_unless_supported)
+from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu, interpreted_only,  # noqa: E402
+                            poison_unattended_keys, randn, shape_id, skip_unless_supported, small_qk, tolerance)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -30,22 +29,6 @@ NOT_READ = ("keys that no query may attend hold NaN here: a NaN means such a key
 TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products compiled
     "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
 }
-
-
-def oracle(q, k, v, do, causal=False, scale=None):
-    """o and (dq, dk, dv) by float64 autograd of softmax(scale q kᵀ + mask) v, from the definition.
-
-    The tests put NaN only in keys that no query may attend; the oracle reads them as 0, and their
-    gradients come out exactly 0.
-    """
-    q, k, v = (t.detach().double().nan_to_num().requires_grad_() for t in (q, k, v))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).tril(), -math.inf)
-    o = torch.softmax(s, dim=-1) @ v
-    (o * do.double()).sum().backward()
-    return o.detach(), (q.grad, k.grad, v.grad)
 
 
 def run(ex, q, k, v, do, **kw):
@@ -77,8 +60,8 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
     for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
         assert_unmodified(numpy(t0), numpy(t), label)
     what = name(q, k, causal, scale)
-    o_ref, grads_ref = oracle(q, k, v, do, causal, scale)
-    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, scale=scale)
+    tol = tolerance(q.dtype, TOL)
     assert_close(numpy(o), numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
     for label, t, got, expected in zip(("dq", "dk", "dv"), (q, k, v), grads, grads_ref):
         assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
@@ -87,10 +70,6 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
         size = max(1.0, expected.abs().max().item())
         assert_close(numpy(got), numpy(expected), what=f"{what}: {label} (row = b, h, {label[1]} index)",
                      rtol=tol, atol=tol * size, convention=convention, nan_convention=nan_convention)
-
-
-def shape_id(s):
-    return "b{}-h{}-nq{}-nk{}-d{}".format(*s)
 
 
 def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
@@ -132,17 +111,10 @@ def test_explicit_scale(ex, rng, scale):
                                                    "P = exp2(scale·log2(e)·QKᵀ − lse·log2(e))")
 
 
-# Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
-# any power-of-two tile size up to 256: such keys may hold NaN.
-UNREAD_FROM = 256
-
-
 def unattended_keys_poisoned(rng, B, H, n_q, n_k, D, dtype=torch.float32):
     """q, k, v, do with NaN in every key and value from the first multiple of UNREAD_FROM past the last query."""
     q, k, v, do = qkv_do(rng, B, H, n_q, n_k, D, dtype)
-    start = math.ceil(n_q / UNREAD_FROM) * UNREAD_FROM
-    k[:, :, start:] = math.nan
-    v[:, :, start:] = math.nan
+    poison_unattended_keys(n_q, k, v)
     return q, k, v, do
 
 
@@ -183,40 +155,29 @@ def test_matches_torch_sdpa_gradients(ex, rng):
     _, grads = run(ex, q, k, v, do, causal=True)
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True).backward(do.double())
-    tol = TOL["interpreted" if DEVICE == "cpu" else q.dtype]
+    tol = tolerance(q.dtype, TOL)
     for label, got, leaf in zip(("dq", "dk", "dv"), grads, leaves):
         size = max(1.0, leaf.grad.abs().max().item())
         assert_close(numpy(got), numpy(leaf.grad), what=f"{name(q, k, True)}: {label} vs torch SDPA",
                      rtol=tol, atol=tol * size, convention=CAUSAL)
 
 
-def _qk(rng, n_q=5, n_k=7, D=16):
-    return randn(rng, 2, 1, n_q, D), randn(rng, 2, 1, n_k, D)
-
-
 @pytest.mark.given
-@pytest.mark.skipif(DEVICE != "cpu", reason="tests the interpreter: compiled, bfloat16 works")
+@interpreted_only
 def test_interpreter_refuses_bfloat16(ex, rng):
     """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
-    q, k = _qk(rng)
+    q, k = small_qk(rng)
     with pytest.raises(ValueError, match="bfloat16"):
         ex.flash_attention(q.bfloat16(), k.bfloat16(), k.bfloat16())
 
 
-BAD_INPUTS = {  # id: (build(q, k) -> kwargs for flash_attention, words the ValueError must contain)
-    **WRAPPER_BAD_INPUTS,
-    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(2, 1, 5, 257), k=k.new_zeros(2, 1, 7, 257),
-                                       v=k.new_zeros(2, 1, 7, 257)), "head dimension"),
-}
-
-
 @pytest.mark.given
-@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("case", WRAPPER_BAD_INPUTS)
 def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
     """The wrapper names the problem (shape, dtype, device, head dim, scale) before any launch."""
-    build, words = BAD_INPUTS[case]
+    build, words = WRAPPER_BAD_INPUTS[case]
     with pytest.raises(ValueError, match=words):
-        ex.flash_attention(**build(*_qk(rng)))
+        ex.flash_attention(**build(*small_qk(rng)))
 
 
 GPU_SHAPES = [(2, 3, 1000, 1000, 64), (1, 2, 1, 2049, 64), (2, 2, 777, 1531, 128), (1, 2, 300, 200, 40),

@@ -17,6 +17,7 @@ from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="exercise 11 needs PyTorch")
 from kata.tools import ring  # noqa: E402 - only once torch is known to import
+from oracles_torch import attention  # noqa: E402
 
 WHY_NOT = ring.unavailable()
 if WHY_NOT:
@@ -34,18 +35,6 @@ VALUES = ("equal to attention over the whole sequence: rank r's rows are positio
 MATCHED = ("each step, every rank sends to send_to and receives from recv_from, the same number of "
            "tensors of the same shapes; every isend/irecv request is waited before its buffer is used")
 HUNG = []  # the first ring that hung: the ring tests after it fail at once instead of waiting too
-
-
-# ---- oracle: dense attention over the whole sequence, float64 -------------------------------------
-
-def attention(q, k, v, causal=False, scale=None):
-    """softmax(scale q kᵀ) v and the scores' log-sum-exp over the last axis, in float64."""
-    q, k, v = (torch.as_tensor(t, dtype=torch.float64) for t in (q, k, v))
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = scale * (q @ k.transpose(-1, -2))
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
-    return (torch.softmax(s, dim=-1) @ v).numpy(), torch.logsumexp(s, dim=-1).numpy()
 
 
 # ---- running a ring ---------------------------------------------------------------------------------
@@ -95,9 +84,9 @@ def check_passing(label, results, causal):
 
 
 def check_values(label, inputs, results, causal, scale=None, tol=1e-10):
-    """Each rank's o and lse against its rows of dense attention over the whole sequence."""
+    """Each rank's o and lse against its rows of dense attention over the whole sequence (float64)."""
     __tracebackhide__ = True
-    o_ref, lse_ref = attention(*inputs, causal=causal, scale=scale)
+    o_ref, lse_ref = (t.numpy() for t in attention(*inputs, causal=causal, scale=scale))
     dtype = inputs[0].dtype
     for rank, r in enumerate(results):
         n = o_ref.shape[2] // r["ring_size"]

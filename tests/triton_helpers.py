@@ -1,4 +1,5 @@
-"""What the tests of the Triton exercises (06, 09, 10) share.
+"""What the tests of the Triton exercises (06, 09, 10) share: inputs, poisons, tolerances, and the
+check of a forward kernel's o and lse against float64 attention (tests/oracles_torch.py).
 
 Import it after `pytest.importorskip("torch")` and before Triton: without a CUDA device it sets
 TRITON_INTERPRET=1, which Triton reads when it loads, so the kernels run in its interpreter.
@@ -12,7 +13,9 @@ import re
 import pytest
 import torch
 
+from checks import assert_close, assert_unmodified
 from kata.gpu import bf16_missing, gpu_skip_reason
+from oracles_torch import attention
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # read when an exercise's @triton.jit runs: set it first
@@ -20,9 +23,18 @@ if not torch.cuda.is_available():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
+interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="tests the interpreter: compiled, bfloat16 works")
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+FORWARD_TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
+}
+LSE = "lse is the natural log: (m + log2(l)) · ln(2) when m is kept in base 2"
+PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
+# Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
+# any power-of-two tile size up to 256: such keys may hold NaN.
+UNREAD_FROM = 256
 
-# Inputs every kernel wrapper refuses with a ValueError before launching anything, given q (2, H, 5, 16)
+# Inputs every kernel wrapper refuses with a ValueError before launching anything, given q (2, H, n_q, 16)
 # and k (2, H_kv, 7, 16): id -> (build(q, k) -> the call's keyword arguments, words the message must hold).
 WRAPPER_BAD_INPUTS = {
     "q-3d": (lambda q, k: dict(q=q[0], k=k, v=k), "4-D"),
@@ -34,6 +46,8 @@ WRAPPER_BAD_INPUTS = {
     "b-mismatch": (lambda q, k: dict(q=q, k=k[:1], v=k[:1]), "shape"),
     "nq-0": (lambda q, k: dict(q=q[:, :, :0], k=k, v=k), "empty"),
     "scale-0": (lambda q, k: dict(q=q, k=k, v=k, scale=0.0), "scale"),
+    "head-dim-257": (lambda q, k: dict(q=q.new_zeros(*q.shape[:3], 257), k=k.new_zeros(*k.shape[:3], 257),
+                                       v=k.new_zeros(*k.shape[:3], 257)), "head dimension"),
 }
 # The same for wrappers that take kv_lens (B,), the valid lengths of a batch of n_k = 7 keys.
 KV_LENS_BAD_INPUTS = {
@@ -74,6 +88,64 @@ def call(fn, *args, **kwargs):
 def randn(rng, *shape, dtype=torch.float32):
     """Standard normal values from the test's seeded generator, on the device the tests run on."""
     return torch.from_numpy(rng.standard_normal(shape)).to(device=DEVICE, dtype=dtype)
+
+
+def shape_id(s):
+    """`b1-h2-nq5-nk7-d16`: a (B, H, n_q, n_k, D) case as a test id."""
+    return "b{}-h{}-nq{}-nk{}-d{}".format(*s)
+
+
+def small_qk(rng):
+    """q (2, 1, 5, 16) and k (2, 1, 7, 16): one head's inputs for WRAPPER_BAD_INPUTS to spoil."""
+    return randn(rng, 2, 1, 5, 16), randn(rng, 2, 1, 7, 16)
+
+
+def tolerance(dtype, table=FORWARD_TOL) -> float:
+    """The table's tolerance for outputs of `dtype`: its "interpreted" one wherever the kernels run interpreted."""
+    return table["interpreted" if INTERPRETED else dtype]
+
+
+def visible(kv_lens, B, n_k, lo=0, hi=None):
+    """keep (B, 1, 1, n_k), for every head and query: keys in [lo, hi) below kv_lens[b] (all n_k when
+    kv_lens is None)."""
+    j = torch.arange(n_k, device=DEVICE)
+    n_keys = torch.full((B,), n_k, device=DEVICE) if kv_lens is None else kv_lens.to(DEVICE)
+    return ((j >= lo) & (j < (n_k if hi is None else hi)) & (j < n_keys[:, None]))[:, None, None, :]
+
+
+def poison_padding(k, v, kv_lens):
+    """Padding keys (at or past kv_lens[b]) hold NaN: reading one shows up in o."""
+    pad = (torch.arange(k.shape[2], device=DEVICE) >= kv_lens.to(DEVICE)[:, None])[:, None, :, None]
+    return k.masked_fill(pad, math.nan), v.masked_fill(pad, math.nan)
+
+
+def poison_unattended_keys(n_q, k, v):
+    """NaN, in place, in every key and value from the first multiple of UNREAD_FROM past the last of n_q
+    queries: under causal, keys no query may attend, in tiles a kernel should skip."""
+    start = math.ceil(n_q / UNREAD_FROM) * UNREAD_FROM
+    k[:, :, start:] = math.nan
+    v[:, :, start:] = math.nan
+
+
+def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, convention="", lse_convention=LSE,
+                  nan_convention=""):
+    """o, lse = kernel(q, k, v); the inputs must come back unmodified, o with q's dtype and shape, lse
+    float32 (B, H, n_q), both equal to float64 attention over the pairs `keep` (and `causal`) allow."""
+    __tracebackhide__ = True
+    before = [t.clone() for t in (q, k, v)]
+    o, lse = call(kernel, q, k, v)
+    for t, t0, label in zip((q, k, v), before, "qkv"):
+        assert_unmodified(t0.cpu().float().numpy(), t.cpu().float().numpy(), label)
+    assert o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), \
+        f"{what}: o must have q's dtype and shape {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(q.shape[:3]), \
+        f"{what}: lse must be float32 of shape {tuple(q.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}"
+    o_ref, lse_ref = attention(q, k, v, keep=keep, causal=causal, scale=scale)
+    tol = tolerance(q.dtype)
+    assert_close(o.double().cpu().numpy(), o_ref.cpu().numpy(), what=f"{what}: o (row = b, h, query)",
+                 rtol=tol, atol=tol, convention=convention, nan_convention=nan_convention)
+    assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
+                 rtol=tol, atol=tol, convention=lse_convention)
 
 
 def skip_unless_supported(dtype: str) -> torch.dtype:

@@ -1,0 +1,84 @@
+"""Float64 oracles in torch: dense attention from the definition, and its gradients by autograd.
+
+Attention is the dense matrix of scores with the pairs that may not attend set to -inf, a softmax
+and P V: no tiles, no running max, no merge, no recomputation. A row with no key to attend gives
+o = 0 and lse = -inf. The gradients are torch's autograd through it: no lse, no D, no formula of
+the lessons. Inputs may be NumPy arrays or tensors, in any float dtype, on any device.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one thread: on arrays this small, waking its thread pool costs ~10x the work
+    (far more on a busy machine); the previous setting comes back afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _float64(a):
+    """A float64 copy, cut from any graph. The tests put NaN only where no output depends on it (keys
+    no query may attend, rows in no scheduled tile): read as 0, such entries get gradient 0."""
+    return torch.as_tensor(a, dtype=torch.float64).detach().nan_to_num(posinf=math.inf, neginf=-math.inf)
+
+
+def _attention(q, k, v, keep, causal, scale):
+    """(o, lse) of softmax(scale q kᵀ) v over the pairs that may attend, differentiable."""
+    if q.dim() == 4 and q.shape[1] != k.shape[1]:  # grouped-query heads: query head h reads kv head h // G
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+    if keep is not None:
+        allowed = allowed & torch.as_tensor(keep, device=q.device)
+    if causal:
+        allowed = allowed.tril()  # top-left aligned: query i may attend key j iff j <= i
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (scale * (q @ k.transpose(-1, -2))).masked_fill(~allowed, -math.inf)
+    live = allowed.any(dim=-1, keepdim=True)
+    # The softmax of an all -inf row is NaN, and so is its gradient: such a row is set to 0, then weighs nothing.
+    p = torch.softmax(s.masked_fill(~live, 0.0), dim=-1) * live
+    return p @ v, torch.logsumexp(s, dim=-1)
+
+
+def attention(q, k, v, keep=None, causal=False, scale=None):
+    """(o, lse) of dense attention in float64, on the inputs' device.
+
+    q (..., n_q, D), k and v (..., n_k, D); 4-D inputs (B, H, n, D) may have fewer kv heads than
+    query heads (grouped-query attention). `keep`, broadcast to (..., n_q, n_k), is True where a
+    query may attend a key; `causal` ANDs in j <= i. scale defaults to 1/sqrt(D) only when None.
+    """
+    with torch.no_grad():
+        return _attention(*map(_float64, (q, k, v)), keep, causal, scale)
+
+
+@one_thread()
+def attention_grads(q, k, v, do, keep=None, causal=False, scale=None):
+    """o and (dq, dk, dv): the gradients of sum(o ∘ do) by autograd in float64; arguments as in attention."""
+    q, k, v = (_float64(a).requires_grad_() for a in (q, k, v))
+    o, _ = _attention(q, k, v, keep, causal, scale)
+    # sum(o ∘ do) gives what o.backward(do) gives, which costs ~0.3 s on first use
+    (o * torch.as_tensor(do, dtype=torch.float64, device=o.device)).sum().backward()
+    return o.detach(), (q.grad, k.grad, v.grad)
+
+
+@one_thread()
+def softmax_grad(x, dp):
+    """ds = the gradient through p = softmax(x) (last axis) for an upstream gradient dp, by autograd.
+
+    A row of x that is all -inf has p = 0 whatever x does, so its ds is 0.
+    """
+    x = np.asarray(x, np.float64)
+    live = ~np.all(np.isneginf(x), axis=-1, keepdims=True)
+    x_t = torch.tensor(np.where(live, x, 0.0), requires_grad=True)  # softmax of an all -inf row is NaN
+    p = torch.softmax(x_t, dim=-1) * torch.from_numpy(live)
+    (p * torch.from_numpy(np.asarray(dp, np.float64))).sum().backward()
+    return x_t.grad.numpy()
