@@ -30,6 +30,9 @@ S and P (n, n). hbm.read(name, rows, cols) returns a copy and counts its element
 hbm.write(name, rows, cols, value) counts writes (cols=None: every column; L takes rows only).
 Every read sits inside `with hbm.on_chip():` and stays live on chip until that block ends; what
 is live may not exceed hbm.capacity, so hold one query block, and one key tile at a time.
+kata/given/hbm.py also gives the loops' pieces: blocks(n, size), the row blocks of n rows (the
+last one cut at n), and causal_mask(rows, keys), True where a pair of the tile may attend.
+Import them where you use them: from kata.given.hbm import blocks, causal_mask.
 
 Conventions
     scale defaults to 1/sqrt(d); causal: query i attends key j iff j <= i. Blocks are cut at
@@ -43,16 +46,6 @@ Worked example
 import numpy as np
 
 from kata.given.hbm import HBM
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

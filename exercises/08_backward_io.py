@@ -50,6 +50,7 @@ The simulator (kata.given.hbm.HBM) holds Q, K, V, O, dO (n, d) and L (n,) from t
 for the standard algorithm only, and outputs dQ, dK, dV (n, d), dP and dS (n, n) for standard,
 D (n,) for flash. Read inside `with hbm.on_chip():`; what is live may not exceed hbm.capacity,
 so hold one key block and one query block's tiles at a time (kernel 3: one block of full rows).
+As in exercise 05, blocks(n, size) and causal_mask(rows, keys) come from kata/given/hbm.py.
 
 Conventions
     scale defaults to 1/sqrt(d); causal: query i attends key j iff j <= i, so no row is fully
@@ -65,16 +66,6 @@ Worked example
 import numpy as np
 
 from kata.given.hbm import HBM
-
-
-def blocks(n: int, size: int) -> list[slice]:
-    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 def standard_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

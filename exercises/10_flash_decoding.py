@@ -20,7 +20,7 @@ The idea
 Kernel 1, one program per (batch b, kv head, row block, split s): keys [s·chunk, (s+1)·chunk)
     cut at n_keys = kv_lens[b] (or n_k), tile row r = g·n_q + i is query row i of head kv·G + g:
     s   = q @ k_j^T,   m' = max(m, rowmax(s)·c),   p = exp2(s·c − m'),      c = scale·log2(e)
-    l   = l·exp2(m − m') + rowsum(p),   acc = acc·exp2(m − m') + p @ v_j     (06's loop)
+    l   = l·exp2(m − m') + rowsum(p),   acc = acc·exp2(m − m') + p @ v_j     (06's attn_tiles)
     o_s = acc / l,   lse_s = (m + log2 l)·ln 2          an empty chunk: o_s = 0, lse_s = −inf
 Kernel 2, one program per output row: exercise 03's merge over all S splits at once
     lse = M + log Σ_s exp(lse_s − M),   M = max_s lse_s
@@ -41,6 +41,14 @@ Conventions
       Chunks are keys_per_split(n_k, num_splits) long, whole tiles; splits past the end are empty.
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU, one program at a time.
 
+Given (kata/given/)
+    solved.py   solved("06").attn_tiles, exercise 06's loop over key tiles, solved: kernel 1 calls
+                it as attn_tiles, with CAUSAL False
+    tiles.py    tiles.row_ptrs and tiles.load_rows, as in 06; the head-dim padding
+    inputs.py   check_inputs: 06's ValueErrors, with grouped heads (the n_q and num_splits checks
+                are decoding's own, in decode_partials)
+    launch.py   interpreted(), and the constants LOG2E and MAX_TILE that 06 and 09 use too
+
 Worked example (one query, G = 1, scores [0, log 3] over values [[1], [5]], 2 splits of 1 key)
     split 0: o_0 = [1], lse_0 = 0;   split 1: o_1 = [5], lse_1 = log 3
     M = log 3, lse = log 3 + log(1/3 + 1) = log 4,   o = (1/4)[1] + (3/4)[5] = [4]
@@ -48,52 +56,22 @@ GQA example: H_q = 8, H_kv = 2, n_q = 2: kv head 1 serves query heads 4-7; its t
     (head 4, row 0), (head 4, row 1), (head 5, row 0), ... (head 7, row 1).
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
+from kata.given import tiles
+from kata.given.inputs import check_inputs
+from kata.given.launch import LOG2E, MAX_TILE, interpreted
+from kata.given.solved import solved
+
+attn_tiles = solved("06").attn_tiles  # exercise 06's inner loop, solved: fold key tiles into (acc, l, m)
+
 MAX_QUERIES = 16  # decoding, or a few speculated tokens: more rows belong to exercise 06's kernel
-TILE_ELEMENTS = 128 * 128  # rows x width of a query tile: its float32 accumulator must fit in registers
 PROGRAMS_PER_SM = 2  # on an H200, fewer longer splits beat 4 per SM at B = 1 (81% vs 72% of copy bandwidth)
 MIN_SPLIT_TILES = 4  # shorter chunks spend more on the prologue and the partial's store than on keys
 INTERPRETER_SMS = 4  # what choose_num_splits assumes without a GPU
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _fold_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, qk_scale,
-                MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold key tiles starting at lo, lo + BLOCK_N, ... below hi into the running (acc, l, m).
-
-    Exercise 06's loop without causality: when MASKED, keys at or past hi score -inf and are never
-    loaded. Every tile holds at least one key below hi, so m is finite after the first.
-    """
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in tl.range(lo, hi, BLOCK_N):
-        keys = start + offs_n
-        if MASKED:
-            k = tl.load(k_ptrs + start * stride_kn, mask=(keys < hi)[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + start * stride_kn)
-        s = tl.dot(q, tl.trans(k))
-        if MASKED:
-            s = tl.where((keys < hi)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptrs + start * stride_vn, mask=(keys < hi)[:, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs + start * stride_vn)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m = m_new
-    return acc, l, m
 
 
 @triton.jit
@@ -112,7 +90,7 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
     # TODO: program p is split p % num_splits, row block (p // num_splits) % cdiv(GROUP·n_q, BLOCK_M),
     #       (batch·kv head) the rest. Load the Q rows of the tile (row r: head kv·GROUP + r // n_q,
     #       query r % n_q); fold the chunk's whole tiles unmasked, then its ragged end masked, with
-    #       _fold_tiles; store o = acc / l and lse, an empty chunk as (0, -inf).
+    #       attn_tiles (CAUSAL False); store o = acc / l and lse, an empty chunk as (0, -inf).
     raise NotImplementedError("_split_kernel: replace this line with your code")
 
 
@@ -129,56 +107,10 @@ def _merge_kernel(O_PART, LSE_PART, O, LSE, num_splits, HEAD_DIM: tl.constexpr, 
     raise NotImplementedError("_merge_kernel: replace this line with your code")
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _check_inputs(q, k, v, kv_lens, num_splits, scale) -> None:
-    """Raise ValueError naming the first problem with the inputs; launch nothing."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 4:
-            raise ValueError(f"{name} must be a 4-D torch tensor (B, H, n, D), got {getattr(t, 'shape', type(t))}")
-        if t.dtype not in DTYPES or t.dtype != q.dtype:
-            raise ValueError(f"{name} is {t.dtype}: q, k and v must share one dtype of float16, bfloat16, float32")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: q, k and v must share one device")
-    if q.device.type != "cuda" and not _interpreted():
-        raise ValueError(f"tensors are on {q.device}: compiled Triton needs CUDA (or set TRITON_INTERPRET=1)")
-    if _interpreted() and q.dtype == torch.bfloat16:
-        raise ValueError("dtype bfloat16 under TRITON_INTERPRET=1: Triton's interpreter multiplies the raw bits "
-                         "of bfloat16 in tl.dot and returns garbage; use float32 (or float16) on the CPU")
-    (B, H_q, n_q, D), (H_kv, n_k) = q.shape, k.shape[1:3]
-    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
-                         f"need q (B, H_q, n_q, D) and k, v both (B, H_kv, n_k, D)")
-    if min(B, H_q, n_q, H_kv, n_k) < 1:
-        raise ValueError(f"empty input: B, H_q, n_q, H_kv, n_k must be >= 1, got {B}, {H_q}, {n_q}, {H_kv}, {n_k}")
-    if n_q > MAX_QUERIES:
-        raise ValueError(f"n_q = {n_q} query rows: decoding takes 1 to {MAX_QUERIES} (use exercise 06 for more)")
-    if H_q % H_kv:
-        raise ValueError(f"H_q = {H_q} query heads is not a multiple of H_kv = {H_kv} kv heads: "
-                         f"each kv head must serve H_q / H_kv query heads")
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"head dimension D = {D} is over the {MAX_HEAD_DIM} this kernel supports")
-    if scale is not None and not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number, got {scale}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
-    if kv_lens is not None:
-        if (not isinstance(kv_lens, torch.Tensor) or kv_lens.shape != (B,)
-                or kv_lens.dtype not in (torch.int32, torch.int64)):
-            raise ValueError(f"kv_lens must be an int32 or int64 tensor of shape ({B},), got "
-                             f"{getattr(kv_lens, 'dtype', type(kv_lens))} {tuple(getattr(kv_lens, 'shape', ()))}")
-        if kv_lens.device != q.device:
-            raise ValueError(f"kv_lens is on {kv_lens.device}, q on {q.device}: they must share one device")
-        if kv_lens.min() < 0 or kv_lens.max() > n_k:
-            raise ValueError(f"kv_lens must lie in [0, n_k = {n_k}], got {kv_lens.tolist()}")
-
-
 def block_n() -> int:
     """Keys per tile: 64 compiled (K and V tiles of 64 x 128 bf16 pipeline in shared memory);
     16 in the interpreter, so that small tests span many tiles and splits."""
-    return 16 if _interpreted() else 64
+    return 16 if interpreted() else 64
 
 
 def _num_stages(block_m: int, width: int, element_size: int) -> int:
@@ -204,22 +136,15 @@ def choose_num_splits(programs: int, n_k: int, sm_count: int, min_split_tiles: i
 def _default_num_splits(programs: int, n_k: int, device: torch.device) -> int:
     """The GPU's SM count; the interpreter pretends to have INTERPRETER_SMS and takes one-tile chunks,
     so that small tests split too."""
-    if _interpreted():
+    if interpreted():
         return choose_num_splits(programs, n_k, INTERPRETER_SMS, min_split_tiles=1)
     return choose_num_splits(programs, n_k, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def _pad_head_dim(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero columns change no dot product and give zero output columns; keep the last axis contiguous."""
-    if t.shape[-1] != width:
-        t = torch.nn.functional.pad(t, (0, width - t.shape[-1]))
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _block_m(n_rows: int, width: int) -> int:
     """Rows per tile: the group's G · n_q rows, a power of two >= 16 (tl.dot's need), at most
-    TILE_ELEMENTS / width (the interpreter's 512 / width, so that tests cut groups in row blocks)."""
-    cap = (512 if _interpreted() else TILE_ELEMENTS) // width
+    MAX_TILE / width (the interpreter's 512 / width, so that tests cut groups in row blocks)."""
+    cap = (512 if interpreted() else MAX_TILE) // width
     return max(16, min(triton.next_power_of_2(n_rows), cap))
 
 
@@ -231,12 +156,16 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: 
     choose_num_splits's answer when None. Split s covers keys [s·c, (s+1)·c) below kv_lens[b],
     c = keys_per_split(n_k, S).
     """
-    _check_inputs(q, k, v, kv_lens, num_splits, scale)
+    check_inputs(q, k, v, scale, kv_lens, grouped_heads=True)
+    if q.shape[2] > MAX_QUERIES:
+        raise ValueError(f"n_q = {q.shape[2]} query rows: decoding takes 1 to {MAX_QUERIES} (use exercise 06 for more)")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be an int >= 1 or None, got {num_splits!r}")
     (B, H_q, n_q, D), (H_kv, n_k) = q.shape, k.shape[1:3]
     group = H_q // H_kv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    width = max(16, triton.next_power_of_2(D))  # tl.dot and tl.arange want powers of two, >= 16
-    q, k, v = (_pad_head_dim(t, width) for t in (q, k, v))
+    width = tiles.padded_width(D)
+    q, k, v = (tiles.pad_head_dim(t, width) for t in (q, k, v))
     BLOCK_M, BLOCK_N = _block_m(group * n_q, width), block_n()
     row_blocks = triton.cdiv(group * n_q, BLOCK_M)
     if num_splits is None:
@@ -267,8 +196,8 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, dtype: torch.dtyp
                          f"{getattr(o_part, 'dtype', type(o_part))} {tuple(getattr(o_part, 'shape', ()))} and "
                          f"{getattr(lse_part, 'dtype', type(lse_part))} {tuple(getattr(lse_part, 'shape', ()))}")
     *lead, num_splits, D = o_part.shape
-    width = max(16, triton.next_power_of_2(D))
-    o_part = _pad_head_dim(o_part, width).contiguous()
+    width = tiles.padded_width(D)
+    o_part = tiles.pad_head_dim(o_part, width).contiguous()
     o = torch.empty((*lead, width), dtype=dtype, device=o_part.device)
     lse = torch.empty(lead, dtype=torch.float32, device=o_part.device)
     _merge_kernel[(math.prod(lead),)](o_part, lse_part.contiguous(), o, lse, num_splits, HEAD_DIM=width,

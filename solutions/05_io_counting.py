@@ -30,6 +30,9 @@ S and P (n, n). hbm.read(name, rows, cols) returns a copy and counts its element
 hbm.write(name, rows, cols, value) counts writes (cols=None: every column; L takes rows only).
 Every read sits inside `with hbm.on_chip():` and stays live on chip until that block ends; what
 is live may not exceed hbm.capacity, so hold one query block, and one key tile at a time.
+kata/given/hbm.py also gives the loops' pieces: blocks(n, size), the row blocks of n rows (the
+last one cut at n), and causal_mask(rows, keys), True where a pair of the tile may attend.
+Import them where you use them: from kata.given.hbm import blocks, causal_mask.
 
 Conventions
     scale defaults to 1/sqrt(d); causal: query i attends key j iff j <= i. Blocks are cut at
@@ -45,16 +48,6 @@ import numpy as np
 from kata.given.hbm import HBM
 
 
-def blocks(n: int, size: int) -> list[slice]:
-    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
-
-
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
                        scale: float | None = None) -> None:
     """Algorithm 0, three kernels on hbm's Q, K, V (n, d): S = scale·QKᵀ, P = softmax(S), both
@@ -64,6 +57,8 @@ def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = Fals
     # TODO: kernel 1 writes S tile by tile, kernel 2 turns a block of full rows of S into P
     #       (masking here), kernel 3 sums P tiles times V rows into O.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks, causal_mask
+
     everything = slice(0, n)
     for rows in blocks(n, block_q):
         with hbm.on_chip():
@@ -112,6 +107,8 @@ def flash_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
     # TODO: for each query block read Q once; for each scheduled key tile read K and V and update
     #       m, l, acc; then write O and L (lse = m + log l) once.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks, causal_mask
+
     for rows in blocks(n, block_q):
         with hbm.on_chip():
             q = scale * hbm.read("Q", rows)
@@ -142,6 +139,8 @@ def flash_attention_io(n: int, d: int, block_q: int, block_k: int,
     """(reads, writes) in elements of flash_attention on Q, K, V of shape (n, d)."""
     # TODO: Q once; K and V rows of every scheduled tile, per query block; O and L once.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks
+
     keys = 0
     for rows in blocks(n, block_q):
         # Causal: tiles starting at or past the block's end are skipped; the others are read whole.

@@ -42,8 +42,8 @@ In the paper
     once before the loops and rebuilds P_ij = exp(S_ij − L_i). Here: Algorithm 2, scale included.
 
 Conventions
-    - P is 0 where a pair may not attend (exercise 04's tile_schedule and tile_allowed, given
-      below); the mask is applied only on needs_mask tiles.
+    - P is 0 where a pair may not attend (exercise 04's tile_schedule and tile_allowed, solved:
+      kata/given/solved.py loads them, with block_slice); the mask is applied only on needs_mask tiles.
     - A fully masked row has lse = −inf and only −inf scores: subtract 0 instead (as in exercise
       04), so its P row is 0, its dq row 0, and it adds nothing to dk and dv.
     - float32 in gives float32 out; inputs are never modified; the tiled pass never creates an
@@ -54,38 +54,13 @@ Worked example (one query, two keys, d = d_v = 1, so scale = 1)
     dV = [1/2, 3/2];  dP = [2, 10];  D = dO·O = 8 = rowsum(P ∘ dP) = 1/2 + 15/2;
     dS = [−3/2, 3/2] (a row of dS sums to 0);  dQ = dS K = (3/2) ln 3;  dK = dSᵀ Q = [−3/2, 3/2].
 """
-import math
-
 import numpy as np
 
+from kata.given.solved import solved
 
-def block_slice(index: int, block: int, n: int) -> slice:
-    """The rows of block `index` when n rows are cut into blocks of `block`; the last may be shorter (given)."""
-    return slice(index * block, min((index + 1) * block, n))
-
-
-def tile_allowed(rows: slice, cols: slice, causal: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
-    """Which pairs of one tile may attend: bool (rows, cols), the mask AND (if causal) key <= query (given)."""
-    shape = (rows.stop - rows.start, cols.stop - cols.start)
-    allowed = np.ones(shape, dtype=bool) if mask is None else mask[rows, cols]
-    if causal:
-        i, j = np.arange(rows.start, rows.stop), np.arange(cols.start, cols.stop)
-        allowed = allowed & (j[None, :] <= i[:, None])
-    return allowed
-
-
-def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool = False,
-                  mask: np.ndarray | None = None) -> list[tuple[int, int, bool]]:
-    """Exercise 04's schedule (given): the tiles (i, j, needs_mask) where some pair may attend,
-    query block i ascending, then key block j; needs_mask is True iff some pair may not."""
-    schedule = []
-    for i in range(math.ceil(n_q / block_q)):
-        rows = block_slice(i, block_q, n_q)
-        for j in range(math.ceil(n_k / block_k)):
-            allowed = tile_allowed(rows, block_slice(j, block_k, n_k), causal, mask)
-            if allowed.any():
-                schedule.append((i, j, not allowed.all()))
-    return schedule
+# Exercise 04's, solved: the rows of one block, which pairs of a tile may attend, the tiles worth computing.
+block_slice, tile_allowed, tile_schedule = (solved("04").block_slice, solved("04").tile_allowed,
+                                            solved("04").tile_schedule)
 
 
 def softmax_backward(p: np.ndarray, dp: np.ndarray) -> np.ndarray:
@@ -125,7 +100,7 @@ def attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarra
     #       dV, dP, D = rowsum(dO ∘ O), dS, dQ and dK.
     # BEGIN SOLUTION
     n_q, n_k = q.shape[0], k.shape[0]
-    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    scale = q.shape[1] ** -0.5 if scale is None else scale
     s = np.where(tile_allowed(slice(0, n_q), slice(0, n_k), causal, mask), scale * (q @ k.T), -np.inf)
     p = recompute_weights(s, lse)
     dv = p.T @ do
@@ -149,7 +124,7 @@ def tiled_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.
     #       dK_j, dV_j, and for each of its tiles rebuild P (mask only if needs_mask) and add in.
     # BEGIN SOLUTION
     n_q, n_k = q.shape[0], k.shape[0]
-    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    scale = q.shape[1] ** -0.5 if scale is None else scale
     d_rows = (do * o).sum(axis=1)  # D = rowsum(dO ∘ O) = rowsum(P ∘ dP), with no P in sight
     tiles_of = {}  # key block j -> its tiles (i, needs_mask), i ascending
     for i, j, needs_mask in tile_schedule(n_q, n_k, block_q, block_k, causal, mask):

@@ -50,6 +50,7 @@ The simulator (kata.given.hbm.HBM) holds Q, K, V, O, dO (n, d) and L (n,) from t
 for the standard algorithm only, and outputs dQ, dK, dV (n, d), dP and dS (n, n) for standard,
 D (n,) for flash. Read inside `with hbm.on_chip():`; what is live may not exceed hbm.capacity,
 so hold one key block and one query block's tiles at a time (kernel 3: one block of full rows).
+As in exercise 05, blocks(n, size) and causal_mask(rows, keys) come from kata/given/hbm.py.
 
 Conventions
     scale defaults to 1/sqrt(d); causal: query i attends key j iff j <= i, so no row is fully
@@ -67,16 +68,6 @@ import numpy as np
 from kata.given.hbm import HBM
 
 
-def blocks(n: int, size: int) -> list[slice]:
-    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n (given)."""
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def causal_mask(rows: slice, keys: slice) -> np.ndarray:
-    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i (given)."""
-    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
-
-
 def standard_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool = False,
                                 scale: float | None = None) -> None:
     """Algorithm 3, five kernels on hbm's Q, K, V, dO (n, d) and P (n, n), masked pairs 0:
@@ -86,6 +77,8 @@ def standard_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bo
     # TODO: the five kernels in the lesson's order, each reading what its line says. Keep a
     #       kernel's running sum (dV_j, dQ_i or dK_j) on chip and write it once.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks
+
     everything = slice(0, n)
     for keys in blocks(n, block_k):
         dv = np.zeros((keys.stop - keys.start, d))
@@ -144,6 +137,8 @@ def flash_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool 
     #       per scheduled query block read Q, dO, L, D and dQ, rebuild P from L, add into dV, dK
     #       and dQ, and write dQ back; after the last query block write dK and dV.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks, causal_mask
+
     for rows in blocks(n, block_q):
         with hbm.on_chip():
             hbm.write("D", rows, value=(hbm.read("dO", rows) * hbm.read("O", rows)).sum(axis=1))
@@ -178,6 +173,8 @@ def flash_backward_io(n: int, d: int, block_q: int, block_k: int,
     # TODO: D's pass; K and V once; per scheduled tile the query block's Q, dO, dQ (d each per
     #       row) and L, D (1 each per row), and its dQ written back; dK and dV once.
     # BEGIN SOLUTION
+    from kata.given.hbm import blocks
+
     rows = 0
     for keys in blocks(n, block_k):
         # Causal: the query blocks ending at or before the key block's start are skipped.

@@ -1,1 +1,8 @@
-"""The code exercises import and the learner reads but does not write: each function once, named after its idea."""
+"""The code exercises import and the learner reads but does not write: each function once, named after its idea.
+
+    hbm      the simulated GPU memory of exercises 05 and 08, and the row blocks they walk
+    tiles    pointers to a tile of rows, its masked load, the head-dim padding (Triton: 06, 09, 10)
+    inputs   the Triton wrappers' input checks (06, 09, 10)
+    launch   compiled or interpreted, the grid, fixed tiles or autotuned ones (06, 09, 10)
+    solved   an exercise as solved in solutions/, for the later ones that build on it (07, 09, 10)
+"""

@@ -1,4 +1,8 @@
-"""A simulated GPU memory for exercise 05: named arrays in HBM, every element moved counted."""
+"""A simulated GPU memory for exercises 05 and 08: named arrays in HBM, every element moved counted.
+
+Beside the simulator, the two pieces its algorithms walk with: blocks(n, size), the row blocks
+of an array (the last one cut at n), and causal_mask(rows, keys), which pairs of a tile may attend.
+"""
 from __future__ import annotations
 
 import operator
@@ -8,6 +12,16 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 ON_CHIP_HELP = "data read inside `with hbm.on_chip():` stays on chip until that block ends"
+
+
+def blocks(n: int, size: int) -> list[slice]:
+    """Consecutive blocks of `size` rows covering 0..n; the last one is cut at n."""
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def causal_mask(rows: slice, keys: slice) -> np.ndarray:
+    """(len(rows), len(keys)) booleans, True where query i may attend key j, i.e. j <= i."""
+    return np.arange(keys.start, keys.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
 
 
 class CapacityError(RuntimeError):

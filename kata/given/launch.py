@@ -1,0 +1,50 @@
+"""How the Triton exercises (06, 09, 10) run their kernels: compiled on a GPU or interpreted on the
+CPU, on a grid of one axis, with fixed tiles for small problems and autotuned ones for large.
+
+The grid: one program per (block of rows, batch·head), all on axis 0. CUDA's axes 1 and 2 stop at
+65535 programs, and B·H passes that when many short sequences are decoded at once. Program p owns
+batch·head p // cdiv(n_rows, BLOCK) and block p % cdiv(n_rows, BLOCK) of its rows.
+
+The tiles: below TUNE_ABOVE scores a launch runs the fixed tile sizes its exercise chooses, since
+autotuning compiles and times every config once per shape and that costs more than it saves on a
+small problem; above it, the autotuned kernel picks the fastest config for (n_q, n_k, HEAD_DIM,
+CAUSAL), the kernels' arguments of those names. Triton's interpreter always runs the fixed tiles.
+"""
+import os
+
+import triton
+
+LOG2E = 1.4426950408889634  # the kernels compute exp(x) as exp2(x · log2 e): they take scale · LOG2E
+TUNE_ABOVE = 2**25  # B·H·n_q·n_k scores
+MAX_TILE = 128 * 128  # elements of a Q or K tile that fit in registers beside the float32 accumulator
+
+
+def interpreted() -> bool:
+    """Whether kernels run in Triton's interpreter on the CPU (TRITON_INTERPRET=1) instead of compiled."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def fitting(configs, named_args, **kwargs):
+    """Keep the configs whose tiles hold at most MAX_TILE elements at this head dimension."""
+    return [c for c in configs if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) * kwargs["HEAD_DIM"] <= MAX_TILE]
+
+
+def autotuned(kernel, configs: list):
+    """`kernel` tuned over `configs` once per (n_q, n_k, HEAD_DIM, CAUSAL), skipping those that do not fit."""
+    return triton.autotune(configs, key=["n_q", "n_k", "HEAD_DIM", "CAUSAL"],
+                           prune_configs_by={"early_config_prune": fitting})(kernel)
+
+
+def launch(kernel, tuned, args: tuple, *, rows: int, block: str, batch_heads: int, scores: int, fixed: dict,
+           **constexprs) -> None:
+    """Run kernel(*args, **constexprs) with one program per (block of `rows`, batch·head).
+
+    block: the tile size that cuts `rows` into blocks, "BLOCK_M" (query rows) or "BLOCK_N" (keys).
+    fixed: the tile sizes, {"BLOCK_M": ..., "BLOCK_N": ...}, for small problems and the interpreter;
+    `tuned` (autotuned(kernel, ...)) chooses its own for `scores` at or above TUNE_ABOVE.
+    """
+    if interpreted() or scores < TUNE_ABOVE:
+        grid = (triton.cdiv(rows, fixed[block]) * batch_heads,)
+        kernel[grid](*args, **constexprs, **fixed, num_warps=4, num_stages=2)
+    else:
+        tuned[lambda meta: (triton.cdiv(rows, meta[block]) * batch_heads,)](*args, **constexprs)

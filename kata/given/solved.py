@@ -1,0 +1,23 @@
+"""Exercises solved, for the later exercises that build on them.
+
+    solved("04").tile_schedule     exercise 07 walks 04's schedule of tiles
+    solved("06").flash_attention   exercise 09 trains through 06's fused forward
+    solved("06").attn_tiles        exercise 10 folds key tiles with 06's inner loop
+
+Each is the file in solutions/, loaded once as a module: a later exercise runs on the reference
+answer of an earlier one, never on your copy of it, so a bug there cannot show up here.
+"""
+from functools import cache
+from types import ModuleType
+
+from kata.exercises import SOLUTIONS_DIR, Exercise, find, load
+
+
+def solved(key: str) -> ModuleType:
+    """Exercise `key` ("04", "06", ...) as solved in solutions/."""
+    return _loaded(find(key))
+
+
+@cache
+def _loaded(exercise: Exercise) -> ModuleType:
+    return load(exercise, SOLUTIONS_DIR)

@@ -1,0 +1,56 @@
+"""Tiles of a (B, H, n, D) tensor, for the Triton kernels of exercises 06, 09 and 10.
+
+A kernel sees one (batch, head) matrix at a time, n rows of D numbers, and moves it a tile of
+rows at a time. Two device functions point at and load such a tile:
+
+    ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, keys, HEAD_DIM)
+    k = tiles.load_rows(ptrs, keys, n_k, MASKED)       # (len(keys), HEAD_DIM)
+
+Call them from your @triton.jit code as `tiles.row_ptrs` and `tiles.load_rows`: Triton compiles a
+@triton.jit function of another module into the kernel that calls it, as if written there.
+
+HEAD_DIM is the tile's width: tl.dot and tl.arange need a power of two, at least 16, so each
+wrapper pads the caller's D with zero columns up to padded_width(D) before launching (a zero
+column adds 0 to every dot product and gives a zero column of output, which the wrapper cuts off).
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_ptrs(base, b, h, stride_b, stride_h, stride_n, rows, HEAD_DIM: tl.constexpr):
+    """Pointers (len(rows), HEAD_DIM) to rows `rows`, all columns, of the (b, h) matrix at `base`.
+
+    base points at element [0, 0, 0, 0] of a (B, H, n, HEAD_DIM) tensor whose last axis is
+    contiguous; stride_b, stride_h, stride_n are its other strides, in elements.
+    """
+    start = base + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h  # B·H·n·D may pass 2**31
+    return start + rows[:, None] * stride_n + tl.arange(0, HEAD_DIM)[None, :]
+
+
+@triton.jit
+def load_rows(ptrs, rows, n_rows, MASKED: tl.constexpr):
+    """Load the tile at `ptrs` (from row_ptrs). MASKED: rows at or past n_rows read as 0 and touch
+    no memory; unmasked, every row must lie below n_rows (the load is then cheapest)."""
+    if MASKED:
+        tile = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+def padded_width(head_dim: int) -> int:
+    """The tile width for a head dimension: the next power of two, at least 16."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def pad_head_dim(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t with zero columns appended up to `width` on its last axis, which it makes contiguous.
+
+    Zero columns change no dot product and give zero output columns. A tensor already `width`
+    wide and contiguous on its last axis comes back as it is: no copy.
+    """
+    if t.shape[-1] != width:
+        t = torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+    return t if t.stride(-1) == 1 else t.contiguous()
