@@ -79,14 +79,16 @@ def resolve_target(solutions: bool = False, target: str | os.PathLike | None = N
     return path
 
 
-def load(exercise: Exercise, target: Path) -> ModuleType:
-    """Import the exercise's file from `target` as a fresh module (its name starts with a digit)."""
+def load(exercise: Exercise, target: Path, prefix: str = "kata_target") -> ModuleType:
+    """Import the exercise's file from `target` as a fresh module (its name starts with a digit), named
+    `prefix`_NN_name: a solved exercise that a later one builds on (kata.given.solved) takes another
+    prefix, so that it never replaces the learner's module of the same exercise."""
     path = target / exercise.filename
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the target folder must hold {exercise.filename}")
     if str(ROOT) not in sys.path:  # exercise files may import kata.given.hbm
         sys.path.insert(0, str(ROOT))
-    module_name = f"kata_target_{exercise.stem}"
+    module_name = f"{prefix}_{exercise.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # Triton's @jit and dataclasses look the module up by name

@@ -2,7 +2,8 @@
 
 P computed as exp(S - lse) in kernel 2; O accumulated in a preallocated array."""
 import numpy as np
-from kata.given.hbm import HBM
+
+from kata.given.hbm import HBM, blocks, causal_mask
 
 
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

@@ -2,7 +2,8 @@
 
 Kernel 3 reads the V rows before the P tile; the running max starts at -inf with a guard for empty rows."""
 import numpy as np
-from kata.given.hbm import HBM
+
+from kata.given.hbm import HBM, blocks, causal_mask
 
 
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

@@ -1,6 +1,7 @@
 """Alternative: both closed forms counted tile by tile in Python loops, as the kernels move the data."""
 import numpy as np
-from kata.given.hbm import HBM
+
+from kata.given.hbm import HBM, blocks, causal_mask
 
 
 def standard_attention(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

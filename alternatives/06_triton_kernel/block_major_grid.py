@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
+def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
@@ -19,7 +19,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
     v_ptrs += lo * stride_vn
     keys = lo + tl.arange(0, BLOCK_N)
     for _ in tl.range(lo, hi, BLOCK_N):
-        k = _load_rows(k_ptrs, keys, n_keys, MASKED)
+        k = tiles.load_rows(k_ptrs, keys, n_keys, MASKED)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             s = tl.where((keys < n_keys)[None, :], s, float("-inf"))
@@ -28,7 +28,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
-        v = _load_rows(v_ptrs, keys, n_keys, MASKED)
+        v = tiles.load_rows(v_ptrs, keys, n_keys, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         l = tl.fma(l, alpha, tl.sum(p, 1))
         m = m_new
@@ -58,9 +58,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     b = bh // H
     h = bh % H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = _load_rows(_tile_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    k_ptrs = _tile_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = _tile_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
+    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
 
     n_keys = n_k
     if KV_LENS is not None:
@@ -75,15 +75,15 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l, m = _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, stage_1_end, n_keys,
+    acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, stage_1_end, n_keys,
                             qk_scale, False, CAUSAL, BLOCK_N)
-    acc, l, m = _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, stage_1_end, stage_2_end,
+    acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, stage_1_end, stage_2_end,
                             n_keys, qk_scale, True, CAUSAL, BLOCK_N)
 
     empty = l == 0  # kv_lens[b] = 0: no key at all
     o = acc / tl.where(empty, 1.0, l)[:, None]  # acc is 0 on an empty row: 0 / 1 = 0
     lse = tl.where(empty, float("-inf"), (m + tl.math.log2(l)) * 0.6931471805599453)
     keep = rows < n_q
-    tl.store(_tile_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
+    tl.store(tiles.row_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
              mask=keep[:, None])
     tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=keep)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
+def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
@@ -18,7 +18,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         keys = start + offs_n
-        k = _load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED)
+        k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED)
         s = tl.dot(q, tl.trans(k)) * qk_scale  # natural units: qk_scale is the plain scale here
         if MASKED:
             visible = keys[None, :] < n_keys
@@ -29,7 +29,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = alpha * l + tl.sum(p, 1)
-        v = _load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
+        v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     return acc, l, m
@@ -52,9 +52,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     block = n_blocks - 1 - pid % n_blocks  # the longest causal blocks first
     b, h = bh // H, bh % H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = _load_rows(_tile_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    k_ptrs = _tile_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = _tile_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
+    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
     sm_scale = qk_scale * 0.6931471805599453  # the wrapper folded log2(e) in; this kernel uses exp
 
     n_keys = n_k if KV_LENS is None else tl.load(KV_LENS + b)
@@ -70,14 +70,14 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     m = tl.zeros([BLOCK_M], tl.float32) - float("inf")
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l, m = _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, unmasked_end, n_keys,
+    acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, unmasked_end, n_keys,
                             sm_scale, False, CAUSAL, BLOCK_N)
-    acc, l, m = _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, unmasked_end, end, n_keys,
+    acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, unmasked_end, end, n_keys,
                             sm_scale, True, CAUSAL, BLOCK_N)
 
     no_key = l == 0.0  # kv_lens[b] = 0: o = 0 and lse = -inf
     o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, l)[:, None])
     lse = tl.where(no_key, float("-inf"), m + tl.log(l))  # natural log throughout: lse = m + log(l)
-    tl.store(_tile_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
+    tl.store(tiles.row_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
              mask=(rows < n_q)[:, None])
     tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)

@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
+def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
@@ -17,7 +17,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
     """
     for start in tl.range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        s = tl.dot(q, tl.trans(_load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED))) * qk_scale
+        s = tl.dot(q, tl.trans(tiles.load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED))) * qk_scale
         if MASKED:
             allowed = (keys < n_keys)[None, :]
             if CAUSAL:
@@ -27,7 +27,7 @@ def _attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi
         m_new = tl.where(m_tile > m, m_tile, m)
         alpha = tl.math.exp2(m - m_new)  # rescales what l and acc summed under the old max
         p = tl.math.exp2(s - m_new[:, None])
-        v = _load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
+        v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
         l = l * alpha + tl.sum(p, 1)
@@ -52,9 +52,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     b = bh // H
     h = bh - b * H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = _load_rows(_tile_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    k_ptrs = _tile_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = _tile_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
+    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
 
     n_keys = n_k
     if KV_LENS is not None:
@@ -64,7 +64,7 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
         visible_end = tl.minimum(n_keys, (block + 1) * BLOCK_M)
 
     # One stage, every tile masked: simpler, at the cost of the mask on tiles that need none.
-    acc, l, m = _attn_tiles(tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), tl.zeros([BLOCK_M], tl.float32),
+    acc, l, m = attn_tiles(tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), tl.zeros([BLOCK_M], tl.float32),
                             tl.full([BLOCK_M], float("-inf"), tl.float32), q, k_ptrs, v_ptrs, stride_kn, stride_vn,
                             rows, 0, visible_end, n_keys, qk_scale, True, CAUSAL, BLOCK_N)
 
@@ -72,6 +72,6 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     o = acc / tl.maximum(l, 1e-30)[:, None]
     lse = m * 0.6931471805599453 + tl.log(l)  # m is base 2: m·ln(2) + ln(l) = (m + log2(l))·ln(2)
     in_bounds = rows < n_q
-    tl.store(_tile_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
+    tl.store(tiles.row_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM), o.to(O.dtype.element_ty),
              mask=in_bounds[:, None])
     tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=in_bounds)

@@ -1,6 +1,7 @@
 """Alternative: standard's kernels run 2, 3, 5, 4, 1; flash computes D a row at a time and reads dQ first."""
 import numpy as np
-from kata.given.hbm import HBM
+
+from kata.given.hbm import HBM, blocks, causal_mask
 
 
 def standard_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool = False,

@@ -21,8 +21,8 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     offs_m = tl.arange(0, BLOCK_M)
     for start in tl.range(lo, hi, BLOCK_M):
         rows = start + offs_m
-        q = _load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
-        do = _load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
+        q = tiles.load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
+        do = tiles.load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
         if MASKED:
             lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
@@ -55,8 +55,8 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn
     offs_n = tl.arange(0, BLOCK_N)
     for start in tl.range(lo, hi, BLOCK_N):
         keys = start + offs_n
-        k = _load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
-        v = _load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
+        k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
+        v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
         p = tl.exp(tl.dot(q, tl.trans(k)) * (qk_scale * 0.6931471805599453) - lse2[:, None])
         if MASKED:
             if CAUSAL:
@@ -88,12 +88,12 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     b = bh // H
     h = bh % H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    q = _load_rows(_tile_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    do = _load_rows(_tile_ptrs(DO, b, h, stride_dob, stride_doh, stride_don, rows, HEAD_DIM), rows, n_q, True)
+    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
+    do = tiles.load_rows(tiles.row_ptrs(DO, b, h, stride_dob, stride_doh, stride_don, rows, HEAD_DIM), rows, n_q, True)
     lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(DELTA + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-    k_ptrs = _tile_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = _tile_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
+    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
 
     hi = n_k
     full = n_k
@@ -106,5 +106,5 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
                    qk_scale, False, CAUSAL, BLOCK_N)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full, hi, n_k,
                    qk_scale, True, CAUSAL, BLOCK_N)
-    dq_ptrs = _tile_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
+    dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

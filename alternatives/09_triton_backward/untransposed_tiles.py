@@ -21,8 +21,8 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     offs_m = tl.arange(0, BLOCK_M)
     for start in tl.range(lo, hi, BLOCK_M):
         rows = start + offs_m
-        q = _load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
-        do = _load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
+        q = tiles.load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
+        do = tiles.load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
         if MASKED:
             lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
             delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)

@@ -44,7 +44,8 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l, m = _fold_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, qk_scale, True, BLOCK_N)
+    acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, hi, qk_scale, True, False,
+                            BLOCK_N)
 
     # An empty chunk has l = 0 and m = -inf: o = 0 / 1 = 0 and lse = -inf, the merge's identity.
     o = acc / tl.maximum(l, 1e-30)[:, None]

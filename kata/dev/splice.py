@@ -52,14 +52,20 @@ def splice(solution: str, alternative: str, filename: str = "<alternative>") -> 
     sol_tree, alt_tree = ast.parse(solution), ast.parse(alternative, filename)
     sol_lines, alt_lines = solution.splitlines(keepends=True), alternative.splitlines(keepends=True)
     defined = {_name(node): node for node in sol_tree.body if _name(node)}
-    sol_imports = {ast.unparse(node) for node in sol_tree.body if isinstance(node, (ast.Import, ast.ImportFrom))}
+    sol_imports = {ast.unparse(node) for node in sol_tree.body if isinstance(node, ast.Import)}
+    sol_imported = {(node.module, alias.name, alias.asname) for node in sol_tree.body
+                    if isinstance(node, ast.ImportFrom) for alias in node.names}
     imports, replaced, added = [], {}, []
     for node in alt_tree.body:
         if node is alt_tree.body[0] and is_docstring(node):
             continue
         start, end = _lines(node)
         text = "".join(alt_lines[start:end])
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, ast.ImportFrom):  # only the names the solution does not import already
+            new = [a for a in node.names if (node.module, a.name, a.asname) not in sol_imported]
+            if new:
+                imports.append(ast.unparse(ast.ImportFrom(node.module, new, node.level)) + "\n")
+        elif isinstance(node, ast.Import):
             if ast.unparse(node) not in sol_imports:
                 imports.append(text)
         elif (name := _name(node)) is None:

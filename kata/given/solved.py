@@ -20,4 +20,4 @@ def solved(key: str) -> ModuleType:
 
 @cache
 def _loaded(exercise: Exercise) -> ModuleType:
-    return load(exercise, SOLUTIONS_DIR)
+    return load(exercise, SOLUTIONS_DIR, prefix="kata_solved")

@@ -54,3 +54,11 @@ def test_only_imports_and_whole_definitions_can_be_spliced():
     """Loose statements would run at a place the alternative cannot choose."""
     with pytest.raises(SpliceError, match="only imports and whole definitions"):
         splice(SOLUTION, '"""Alternative: x."""\nprint("hello")\n')
+
+
+def test_an_import_adds_only_the_names_the_solution_does_not_import():
+    """A name imported twice (pyflakes: redefinition), or a name the alternative needs left out."""
+    solution = SOLUTION.replace("import numpy as np\n", "from math import pi\n")
+    spliced = splice(solution, '"""Alternative: x."""\nfrom math import pi, tau\n\n\ndef answer(x):\n    return tau / pi * x\n')
+    assert spliced.count("from math import pi\n") == 1 and "from math import tau\n" in spliced
+    assert run(spliced)["answer"](3) == 6
