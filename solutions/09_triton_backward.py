@@ -63,7 +63,7 @@ Given (kata/given/)
     solved.py   solved("06").flash_attention: exercise 06's forward, solved, which returns o and lse
     tiles.py    tiles.row_ptrs and tiles.load_rows for your kernels, as in 06; the head-dim padding
     inputs.py   check_inputs: 06's ValueErrors (there is no kv_lens here)
-    launch.py   the grid, fixed tiles for small problems, autotuning over TUNING_DKDV and TUNING_DQ
+    launch.py   the grid, fixed tiles for small problems, autotuning; the backward's tile sizes
 """
 import math
 
@@ -73,25 +73,10 @@ import triton.language as tl
 
 from kata.given import tiles
 from kata.given.inputs import check_inputs
-from kata.given.launch import LOG2E, autotuned, interpreted, launch
+from kata.given.launch import LOG2E, TUNING_DKDV, TUNING_DQ, autotuned, backward_tiles, launch
 from kata.given.solved import solved
 
 flash_forward = solved("06").flash_attention  # (o, lse): exercise 06's kernel, autotuned as there
-
-TUNING_DKDV = [  # BLOCK_N keys stay on chip, BLOCK_M-row query tiles stream past (pipelined by num_stages)
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=5),  # Triton's tutorial on Hopper
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=2),  # D = 256 fits it
-]
-TUNING_DQ = [  # BLOCK_M query rows stay on chip, BLOCK_N-key tiles stream past
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=5),  # Triton's tutorial on Hopper
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=8, num_stages=2),  # D = 256 fits it
-]
 
 
 # ---------------------------------------------------------------- the backward (yours) -------------
@@ -293,16 +278,6 @@ _bwd_dq_tuned = autotuned(_bwd_dq, TUNING_DQ)
 
 # ---------------------------------------------------------------- the plumbing (given) -------------
 
-def _fixed(width: int) -> dict:
-    """Untuned tiles of each backward kernel for small problems; the interpreter's 16 and 32 make
-    even tiny tests span several tiles of both loops."""
-    if interpreted():
-        return {"dkdv": dict(BLOCK_M=16, BLOCK_N=32), "dq": dict(BLOCK_M=32, BLOCK_N=16)}
-    small = width <= 128
-    return {"dkdv": dict(BLOCK_M=32 if small else 16, BLOCK_N=64 if small else 32),
-            "dq": dict(BLOCK_M=64 if small else 32, BLOCK_N=32 if small else 16)}
-
-
 class FlashAttention(torch.autograd.Function):
     """o = softmax(scale · q kᵀ) v; the forward saves q, k, v, o and lse, the backward recomputes P."""
 
@@ -322,7 +297,7 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         do = tiles.pad_head_dim(do, q.shape[-1])
         (B, H, n_q, width), n_k = q.shape, k.shape[2]
-        fixed, scale = _fixed(width), ctx.scale
+        fixed, scale = backward_tiles(width), ctx.scale
         delta = torch.empty_like(lse)
         block = fixed["dq"]["BLOCK_M"]
         _bwd_delta[(triton.cdiv(n_q, block) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,

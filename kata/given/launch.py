@@ -17,6 +17,21 @@ import triton
 LOG2E = 1.4426950408889634  # the kernels compute exp(x) as exp2(x · log2 e): they take scale · LOG2E
 TUNE_ABOVE = 2**25  # B·H·n_q·n_k scores
 MAX_TILE = 128 * 128  # elements of a Q or K tile that fit in registers beside the float32 accumulator
+# The backward's kernels (09): one holds a key block and streams query tiles past, the other the reverse.
+TUNING_DKDV = [  # BLOCK_N keys stay on chip, BLOCK_M-row query tiles stream past (pipelined by num_stages)
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=5),  # Triton's tutorial on Hopper
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=8, num_stages=2),  # D = 256 fits it
+]
+TUNING_DQ = [  # BLOCK_M query rows stay on chip, BLOCK_N-key tiles stream past
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=5),  # Triton's tutorial on Hopper
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 16}, num_warps=8, num_stages=2),  # D = 256 fits it
+]
 
 
 def interpreted() -> bool:
@@ -48,3 +63,13 @@ def launch(kernel, tuned, args: tuple, *, rows: int, block: str, batch_heads: in
         kernel[grid](*args, **constexprs, **fixed, num_warps=4, num_stages=2)
     else:
         tuned[lambda meta: (triton.cdiv(rows, meta[block]) * batch_heads,)](*args, **constexprs)
+
+
+def backward_tiles(width: int) -> dict:
+    """Untuned tiles of each backward kernel for small problems; the interpreter's 16 and 32 make
+    even tiny tests span several tiles of both loops."""
+    if interpreted():
+        return {"dkdv": dict(BLOCK_M=16, BLOCK_N=32), "dq": dict(BLOCK_M=32, BLOCK_N=16)}
+    small = width <= 128
+    return {"dkdv": dict(BLOCK_M=32 if small else 16, BLOCK_N=64 if small else 32),
+            "dq": dict(BLOCK_M=64 if small else 32, BLOCK_N=32 if small else 16)}
