@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 
-from kata.grader.runner import DEFAULT_TIMEOUT, GPU_FACTOR
+from kata.exercises import format_numbers, numbers_where
+from kata.grader.runner import DEFAULT_TIMEOUT, GPU_FACTOR, default_workers
 
 COMMANDS = ("hint", "reset", "solution", "doctor")
 
@@ -36,9 +37,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--solutions", action="store_true", help="test solutions/ instead of exercises/")
     p.add_argument("--target", metavar="DIR", help="test the exercise files in DIR (also $KATA_TARGET)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds one exercise's tests may take in all (default {DEFAULT_TIMEOUT:.0f}; 06 gets "
-                        f"{GPU_FACTOR} times as long); one test may take half of it")
-    p.add_argument("--workers", type=int, default=2, metavar="N", help="exercises run at once (default 2)")
+                   help=f"seconds one exercise's tests may take in all (default {DEFAULT_TIMEOUT:.0f}; those with a "
+                        f"GPU stage, {format_numbers(numbers_where('needs_gpu'))}, get {GPU_FACTOR} times as long); "
+                        f"one test may take half of it")
+    p.add_argument("--workers", type=int, default=default_workers(), metavar="N",
+                   help="exercises run at once (default: one per CPU core, here %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable results")
     p.add_argument("--all", action="store_true", help="hint: every hint; reset: every exercise")
     p.add_argument("--yes", action="store_true", help="reset without asking")

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Iterable
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES_DIR = ROOT / "exercises"
@@ -20,7 +21,8 @@ class Exercise:
     number: str  # "01"
     name: str  # "safe_softmax"
     title: str  # one line for the report
-    needs_gpu: bool = False  # compiled tests need CUDA; the rest runs in Triton's interpreter
+    needs_gpu: bool = False  # a GPU stage: compiled tests need CUDA; the rest runs in Triton's interpreter
+    needs_torch: bool = False  # the exercise file itself works on torch tensors
 
     @property
     def stem(self) -> str:
@@ -45,13 +47,25 @@ EXERCISES = [
     Exercise("03", "merge_partials", "two partial results make one exact result"),
     Exercise("04", "tiled_attention", "attention one tile at a time"),
     Exercise("05", "io_counting", "count every element moved between HBM and SRAM"),
-    Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True),
+    Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True, needs_torch=True),
     Exercise("07", "attention_backward", "the backward pass, recomputed tile by tile"),
     Exercise("08", "backward_io", "what recomputation saves"),
-    Exercise("09", "triton_backward", "train with your kernel: the backward in Triton", needs_gpu=True),
-    Exercise("10", "flash_decoding", "split-KV decoding at the memory limit", needs_gpu=True),
-    Exercise("11", "ring_attention", "attention across processes"),
+    Exercise("09", "triton_backward", "train with your kernel: the backward in Triton", needs_gpu=True,
+             needs_torch=True),
+    Exercise("10", "flash_decoding", "split-KV decoding at the memory limit", needs_gpu=True, needs_torch=True),
+    Exercise("11", "ring_attention", "attention across processes", needs_torch=True),
 ]
+
+
+def numbers_where(flag: str) -> list[str]:
+    """The numbers of the exercises whose field `flag` is set: numbers_where("needs_gpu")."""
+    return [ex.number for ex in EXERCISES if getattr(ex, flag)]
+
+
+def format_numbers(numbers: Iterable[str]) -> str:
+    """Numbers as a sentence says them: "06", "06 and 09", "06, 09 and 10"."""
+    numbers = list(numbers)
+    return " and ".join(filter(None, [", ".join(numbers[:-1]), *numbers[-1:]]))
 
 
 def find(key: str) -> Exercise:

@@ -58,7 +58,7 @@ def show_solution(exercise: Exercise, force: bool, timeout: float) -> int:
         remember([result], EXERCISES_DIR.resolve())
         if not result.ok and not force:
             print(f"The solution to {exercise.number} opens once {display_path(result.path)} passes "
-                  f"(now: {result.status}, {result.passed} of {result.total} tests).\n"
+                  f"(now: {result.status}{report.tally(result)}).\n"
                   f"Keep going: python grader.py {exercise.number}    Hint: python grader.py hint {exercise.number}\n"
                   f"To read it anyway: python grader.py solution {exercise.number} --force")
             return 1

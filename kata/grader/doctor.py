@@ -9,7 +9,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from kata.exercises import ROOT
+from kata.exercises import ROOT, format_numbers, numbers_where
 from kata.gpu import nvidia_gpus, unusable_gpu
 
 PACKAGES = ["numpy", "torch", "triton", "pytest", "pytest-timeout", "tabulate"]
@@ -20,6 +20,11 @@ def version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _triton_exercises() -> str:
+    """The exercises with a GPU stage: they need Triton, and a GPU to run compiled."""
+    return format_numbers(numbers_where("needs_gpu"))
 
 
 def _release(text: str | None) -> tuple[int, ...]:
@@ -37,20 +42,22 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool, pro
     if numpy is None:
         problems.append(("problem", "NumPy is missing and every exercise needs it: pip install -r requirements.txt"))
     if torch is None:
-        problems.append(("problem", "torch is missing: exercise 06 needs it (01-05 still work): "
+        problems.append(("problem", f"torch is missing: exercises {format_numbers(numbers_where('needs_torch'))} "
+                                    "are written in it, and some tests check against it: "
                                     "pip install -r requirements.txt"))
     if triton is None and system != "Linux":
-        problems.append(("note", "Triton runs on Linux only: exercise 06 is skipped here, 01-05 still work"))
+        problems.append(("note", f"Triton runs on Linux only: exercises {_triton_exercises()} are skipped here, "
+                                 "the others still work"))
     elif triton is None:
         problems.append(("problem", 'Triton is missing: pip install "triton>=3.7"'))
     elif _release(triton) == (3, 6) and _release(numpy) >= (2, 4) and not cuda:
         problems.append(("problem", 'Triton 3.6\'s interpreter fails with NumPy >= 2.4: pip install "numpy<2.4" '
                                     "(or upgrade Triton: pip install -U triton)"))
     if probe and torch and (why := unusable_gpu(torch, probe.get("torch_cuda"), cuda, gpus or [])):
-        problems.append(("problem", why + "; until then exercise 06's GPU tests are skipped"))
+        problems.append(("problem", f"{why}; until then the GPU tests of {_triton_exercises()} are skipped"))
     if probe and probe.get("bf16_missing"):
-        problems.append(("note", probe["bf16_missing"] + ": exercise 06's bfloat16 tests and the benchmark "
-                                 "(all bfloat16) are skipped; float16 and float32 run"))
+        problems.append(("note", f"{probe['bf16_missing']}: the bfloat16 tests of {_triton_exercises()}, and the "
+                                 "benchmarks (all bfloat16), are skipped; float16 and float32 run"))
     return problems
 
 
@@ -79,13 +86,13 @@ def main() -> int:
     if cuda:
         gpu = probe.get("device")
     elif probe is None:
-        gpu = "unknown: torch and Triton are needed to look (exercise 06 is skipped without them)"
+        gpu = f"unknown: torch and Triton are needed to look ({_triton_exercises()} are skipped without them)"
     else:
-        gpu = "no CUDA GPU: exercise 06 runs in Triton's interpreter on the CPU"
+        gpu = f"no CUDA GPU: {_triton_exercises()} run in Triton's interpreter on the CPU"
     print(f"{'GPU':<15} {gpu}")
     if probe is not None:
         state = "works" if probe["ok"] else f"FAILS: {probe['error']}"
-        print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as exercise 06 runs it'}: {state}")
+        print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as the Triton exercises run it'}: {state}")
     problems = known_problems(versions, platform.system(), cuda, probe, nvidia_gpus() if probe and not cuda else [])
     for kind, text in problems:
         print(f"{kind:<15} {text}")

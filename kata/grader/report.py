@@ -6,12 +6,16 @@ import textwrap
 
 from tabulate import tabulate
 
-from kata.grader.results import FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, display_path
+from kata.exercises import format_numbers, numbers_where
+from kata.grader.results import (FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, TestResult,
+                                 display_path)
 
 WIDTH = 80  # the report fits a plain terminal
 BAR = 30  # characters in the progress bar
-DETAIL_TESTS = 5  # failing tests shown in full by `python grader.py NN`
+DETAIL_TESTS = 5  # failing test functions shown in full by `python grader.py NN`, one case each
 PRINTED_LINES = 8  # of what a failing test printed
+ABOUT = "bugs this test catches (yours may be one, or another)"  # before the test's docstring
+BENCH = "python grader.py --bench    (python grader.py --help lists every benchmark)"
 
 
 def table(results: list[ExerciseResult]) -> str:
@@ -49,13 +53,16 @@ def next_step(results: list[ExerciseResult]) -> str:
             return "\n".join(["Every exercise passes on the CPU, but the GPU tests were skipped:"]
                              + _wrap(reason.split(": ", 1)[-1], indent="  "))
         if gpu_notes:
-            return ("Every exercise passes on the CPU. On a machine with a CUDA GPU, run python grader.py\n"
-                    "again to test 06 compiled, then measure your kernel: python grader.py --bench")
-        return "Every exercise passes. Measure your kernel: python grader.py --bench"
+            stages = format_numbers(numbers_where("needs_gpu"))
+            return "\n".join(["Every exercise passes on the CPU. On a machine with a CUDA GPU, run",
+                              "  python grader.py", *textwrap.wrap(f"again to test {stages} compiled, then time your "
+                                                                   f"kernels with", WIDTH), f"  {BENCH}"])
+        return f"Every exercise passes. Time your kernels with\n  {BENCH}"
     ex = current.exercise
     lines = [f"Next: {ex.number} {ex.name}, {ex.title} ({current.status})", f"  open {display_path(current.path)}"]
     if current.failure:
-        lines += _wrap(f"{current.failure.test}: {current.failure.message.strip().splitlines()[0]}", indent="  ")
+        where = f"{current.failure.test}: " if current.failure.test else ""  # no test name: none was run
+        lines += _wrap(where + current.failure.message.strip().splitlines()[0], indent="  ")
         frame = current.failure.frames[-1] if current.failure.frames else None
         if frame:
             lines.append(_cut(f"  at {display_path(frame['path'])}:{frame['line']} in {frame['function']}"))
@@ -67,31 +74,57 @@ def next_step(results: list[ExerciseResult]) -> str:
 def details(result: ExerciseResult) -> str:
     """One exercise in full: each failing test's message and the learner's lines it went through."""
     ex, note = result.exercise, f" ({result.note})" if result.note else ""
-    counts = f", {result.passed} of {result.total} tests pass" if _count(result) != "-" else ""
-    lines = [f"{ex.number} {ex.name}: {result.status}{counts}, {result.seconds:.1f} s{note}"]
+    untouched = result.status == NOT_STARTED and not result.tests  # the stub as given: no test was run
+    ran = ", no test run: the file is untouched" if untouched else f", {result.seconds:.1f} s"
+    lines = [f"{ex.number} {ex.name}: {result.status}{tally(result)}{ran}{note}"]
     broken = [t for t in result.tests if t.broken]
     if result.status not in (FAILING, NOT_STARTED):  # crashed, timed out, missing: one cause
         broken = []
         if result.failure:
             lines += ["", f"{result.failure.test}:"] + _failure_lines(result.failure)
     elif result.status == NOT_STARTED:
-        lines += ["", f"{len(broken)} tests not started, the first:"] + _failure_lines(result.failure)
+        heading = "The first function to write:" if untouched else f"{len(broken)} tests not started, the first:"
+        lines += ["", heading] + _failure_lines(result.failure)
         broken = []
     stubs = [t for t in broken if t.flag("not_implemented")]
-    broken = [t for t in broken if not t.flag("not_implemented")]  # a wrong function before an unwritten one
-    for test in broken[:DETAIL_TESTS]:
-        seed = test.error.get("seed") if test.error else None
-        # The failed check comes first; the test's docstring lists every bug it looks for, not a diagnosis.
-        about = textwrap.wrap(f"this test looks for: {test.about}", WIDTH - 2, initial_indent="  ",
-                              subsequent_indent="    ") if test.about else []
-        lines += ["", f"FAILED {test.name}"] + _failure_lines(Failure.of(test), seed=seed) + about
-    if len(broken) > DETAIL_TESTS:
-        lines += ["", f"... and {len(broken) - DETAIL_TESTS} more failing tests"]
-    if stubs and broken:
+    checks = _by_function([t for t in broken if not t.flag("not_implemented")])  # wrong before unwritten
+    for first, *others in checks[:DETAIL_TESTS]:
+        seed = first.error.get("seed") if first.error else None
+        # The docstring names the bugs the test was written to catch: candidates, not a diagnosis.
+        about = _wrap(f"{ABOUT}: {first.about}", indent="  ") if first.about else []
+        also = [_also_failing(others)] if others else []
+        lines += ["", f"FAILED {first.name}"] + _failure_lines(Failure.of(first), seed=seed) + also + about
+    if len(checks) > DETAIL_TESTS:
+        lines += ["", f"... and {len(checks) - DETAIL_TESTS} more failing tests"]
+    if stubs and checks:
         lines += ["", f"{len(stubs)} more tests not started: {Failure.of(stubs[0]).message}"]
     if not result.ok and result.status != MISSING:
         lines += ["", f"Stuck? python grader.py hint {ex.number}"]
     return "\n".join(lines)
+
+
+def _by_function(tests: list[TestResult]) -> list[list[TestResult]]:
+    """Failing tests grouped by test function, in order: the parametrized cases of one check together."""
+    groups: dict[str, list[TestResult]] = {}
+    for test in tests:
+        groups.setdefault(test.nodeid.partition("[")[0], []).append(test)
+    return list(groups.values())
+
+
+def tally(result: ExerciseResult) -> str:
+    """", 3 of 54 tests pass" when the tests ran to their end, else nothing."""
+    return f", {result.passed} of {result.total} tests pass" if _count(result) != "-" else ""
+
+
+def _also_failing(others: list[TestResult]) -> str:
+    """The other failing cases of a test, by their ids, on one line: as many as fit, then how many more."""
+    ids = ["[" + t.name.partition("[")[2] for t in others]
+    for shown in range(len(ids), 0, -1):
+        more = f" and {len(ids) - shown} more" if shown < len(ids) else ""
+        line = "  also failing: " + ", ".join(ids[:shown]) + more
+        if len(line) <= WIDTH:
+            return line
+    return f"  also failing: {len(ids)} more cases"
 
 
 def as_json(results: list[ExerciseResult], target: str) -> str:
@@ -135,7 +168,7 @@ def _failure_json(failure: Failure | None) -> dict | None:
         return None
     frame = failure.frames[-1] if failure.frames else None
     location = f"{display_path(frame['path'])}:{frame['line']}" if frame else None
-    return dict(test=failure.test, message=failure.message, location=location)
+    return dict(test=failure.test or None, message=failure.message, location=location)
 
 
 def _wrap(line: str, indent: str = "    ") -> list[str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kata.exercises import Exercise
+from kata.grader.stub import Stub, todo_message
 
 PASSED, FAILING, NOT_STARTED = "passed", "failing", "not started"
 CRASHED, TIMED_OUT, SKIPPED, MISSING = "crashed", "timed out", "skipped", "missing"
@@ -131,6 +132,14 @@ def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | Non
 
 def skipped_result(exercise: Exercise, path: Path, reason: str) -> ExerciseResult:
     return ExerciseResult(exercise, path, SKIPPED, note=reason)
+
+
+def untouched_result(exercise: Exercise, path: Path, stub: Stub) -> ExerciseResult:
+    """A file that is still its stub: not started, without a test run, pointing at the first stub line."""
+    line, function = stub.todos[0]
+    frame = dict(path=str(path), line=line, function=function, source=stub.text.splitlines()[line - 1].strip())
+    failure = Failure("", f"{NOT_STARTED}: {todo_message(function)}", [frame])
+    return ExerciseResult(exercise, path, NOT_STARTED, failure=failure)
 
 
 def missing_result(exercise: Exercise, path: Path, missing: Path) -> ExerciseResult:

@@ -1,6 +1,8 @@
-"""Run one exercise's tests in a subprocess of its own: a timeout, its output capped, never a hang."""
+"""Run one exercise's tests in a process of its own: a timeout, its output capped, never a hang; or
+answer without a run when the result is known (an untouched stub, an unchanged file)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -14,13 +16,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from kata.exercises import ROOT, Exercise
-from kata.grader.results import ExerciseResult, classify, missing_result, skipped_result
+from kata.exercises import Exercise
+from kata.grader import cache, launch
+from kata.grader.results import (TIMED_OUT, ExerciseResult, classify, missing_result, skipped_result,
+                                 untouched_result)
+from kata.grader.stub import stub_of
 
-DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); 06 gets GPU_FACTOR times as long
+DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage gets GPU_FACTOR times as long
 GPU_FACTOR = 10  # Triton compiles many kernels on a GPU (about 80 s on an H200) or interprets them
 OUTPUT_CAP = 16_000  # characters of pytest's own output kept, for a crash with no other clue
-_LIVE: set[subprocess.Popen] = set()  # test processes running now, ended on Ctrl-C
+_LIVE: set = set()  # test processes running now, ended on Ctrl-C
+
+
+def default_workers() -> int:
+    """The cores this process may use (a container's CPU set, where the system says), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def timeout_for(exercise: Exercise, timeout: float) -> float:
@@ -36,36 +46,41 @@ def triton_missing() -> str | None:
 
 def run_exercise(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIMEOUT) -> ExerciseResult:
     """Run `exercise`'s test file against `target`'s file and classify what happened."""
+    return known_result(exercise, target, timeout) or _run_tests(exercise, target, timeout, forked=False)
+
+
+def known_result(exercise: Exercise, target: Path, timeout: float) -> ExerciseResult | None:
+    """The result that needs no test run: a file missing, Triton missing, an untouched stub, a cached run."""
     path = target / exercise.filename
     for needed in (exercise.test_file, path):
         if not needed.is_file():
             return missing_result(exercise, path, needed)
     if exercise.needs_gpu and (why := triton_missing()):
         return skipped_result(exercise, path, why)
-    limit = timeout_for(exercise, timeout)
-    with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
-        results = Path(tmp) / "results.jsonl"
-        command = [sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(target),
-                   "-p", "kata.grader.pytest_plugin", "--kata-results", str(results),
-                   "-q", "--tb=no", "--show-capture=no", "-o", f"timeout={max(1, int(limit / 2))}"]
-        start = time.monotonic()
-        returncode, output, killed = _run(command, limit)
-        seconds = time.monotonic() - start
-        events = _read_events(results)
-    return classify(exercise, path, events, returncode=returncode, killed_after=limit if killed else None,
-                    seconds=seconds, output=output)
+    learner, stub = path.read_bytes(), stub_of(exercise)
+    # Without torch a torch exercise's tests skip: run them, so that the verdict says so.
+    runnable = not exercise.needs_torch or importlib.util.find_spec("torch") is not None
+    if stub and stub.todos and runnable and _text(learner) == stub.text:
+        return untouched_result(exercise, path, stub)
+    if cache.enabled(target):
+        return cache.load(exercise, target, cache.key(exercise, target, timeout_for(exercise, timeout), learner))
+    return None
 
 
 def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_TIMEOUT, workers: int = 2,
              on_result: Callable[[ExerciseResult], None] | None = None) -> list[ExerciseResult]:
     """Run several exercises, `workers` at a time, the slowest started first; results in order."""
-    order = sorted(exercises, key=lambda ex: not ex.needs_gpu)
+    known = {ex.number: known_result(ex, target, timeout) for ex in exercises}
+    to_run = [ex for ex in exercises if known[ex.number] is None]
+    # The fork server imports torch once for all: worth it when more than one run would import it.
+    forked = launch.can_fork() and len(to_run) > 1 and any(ex.needs_torch for ex in to_run)
+    order = sorted(to_run, key=lambda ex: (-cache.last_seconds(ex, target), not ex.needs_gpu, not ex.needs_torch))
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    futures = {ex.number: pool.submit(run_exercise, ex, target, timeout) for ex in order}
+    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked) for ex in order}
     results = []
     try:
         for ex in exercises:
-            results.append(futures[ex.number].result())
+            results.append(known[ex.number] or futures[ex.number].result())
             if on_result:
                 on_result(results[-1])
     except BaseException:  # Ctrl-C: the test processes run in sessions of their own, so end them here
@@ -77,15 +92,45 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
     return results
 
 
-def _run(command: list[str], limit: float) -> tuple[int | None, str, bool]:
-    """Run `command` in ROOT; return its exit code, its capped output, and whether it was killed."""
+def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -> ExerciseResult:
+    """Run the tests in a process of their own; keep the result when another run would give the same."""
+    path, limit = target / exercise.filename, timeout_for(exercise, timeout)
+    learner = path.read_bytes()
+    with tempfile.TemporaryDirectory(prefix="kata-") as tmp:
+        results = Path(tmp) / "results.jsonl"
+        args = [str(exercise.test_file), "--target", str(target), "-p", "kata.grader.pytest_plugin",
+                "--kata-results", str(results), "-q", "--tb=no", "--show-capture=no",
+                "-o", f"timeout={max(1, int(limit / 2))}"]
+        returncode, output, killed, seconds = _run(args, limit, forked)
+        events = _read_events(results)
+    result = classify(exercise, path, events, returncode=returncode, killed_after=limit if killed else None,
+                      seconds=seconds, output=output)
+    # A timeout depends on how busy the machine was, a signal (the OOM killer, a kill) on more than
+    # the code; a file saved during the run may not be the one tested.
+    repeatable = result.status != TIMED_OUT and returncode is not None and returncode >= 0
+    if cache.enabled(target) and repeatable and path.read_bytes() == learner:
+        cache.store(result, target, cache.key(exercise, target, limit, learner))
+    return result
+
+
+def _run(args: list[str], limit: float, forked: bool) -> tuple[int | None, str, bool, float]:
+    """Run pytest with `args` in ROOT; return its exit code, its capped output, whether it was killed,
+    and how many seconds it took."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8")
     env.pop("KATA_TARGET", None)  # the runner always names the target itself
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=hasattr(os, "killpg"))
+    read_fd, write_fd = os.pipe()
+    stream = os.fdopen(read_fd, "rb")
+    try:
+        proc = launch.start(args, env, write_fd, forked)
+    except BaseException:
+        stream.close()
+        raise
+    finally:
+        os.close(write_fd)  # the test process holds the only writer: its end is the end of the output
+    start = time.monotonic()  # the fork server's imports, done once for all, are no exercise's time
     _LIVE.add(proc)
     chunks: list[bytes] = []
-    reader = threading.Thread(target=_drain, args=(proc.stdout, chunks), daemon=True)
+    reader = threading.Thread(target=_drain, args=(stream, chunks), daemon=True)
     reader.start()
     killed = False
     try:
@@ -98,8 +143,9 @@ def _run(command: list[str], limit: float) -> tuple[int | None, str, bool]:
         raise
     finally:
         _LIVE.discard(proc)
+    seconds = time.monotonic() - start
     reader.join(timeout=5)
-    return proc.returncode, b"".join(chunks).decode("utf-8", "replace"), killed
+    return proc.returncode, b"".join(chunks).decode("utf-8", "replace"), killed, seconds
 
 
 def _drain(stream, chunks: list[bytes]) -> None:
@@ -112,15 +158,19 @@ def _drain(stream, chunks: list[bytes]) -> None:
     stream.close()
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        if hasattr(os, "killpg"):
+def _kill(proc) -> None:
+    """End a test process (a Popen or a launch.Forked) and everything it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(proc.pid, signal.SIGKILL)  # the whole group: pytest and anything it started
-        else:
+        except (AttributeError, ProcessLookupError):  # no killpg (Windows), or no group yet: forked a moment ago
             proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
+
+
+def _text(learner: bytes) -> str:
+    """A file's bytes as Path.read_text gives them: a stub checked out with Windows line ends is still the stub."""
+    return learner.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 def _read_events(path: Path) -> list[dict]:

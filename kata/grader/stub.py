@@ -13,6 +13,7 @@ The exercise file is the same text with each marked block replaced by one line,
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from kata.exercises import SOLUTIONS_DIR, Exercise
 
@@ -28,9 +29,16 @@ def _enclosing_function(lines: list[str], indent: int) -> str:
     raise ValueError("a solution block must sit inside a function")
 
 
-def make_stub(solution: str, filename: str = "<solution>") -> str:
-    """The exercise text for a solution text."""
+@dataclass(frozen=True)
+class Stub:
+    text: str
+    todos: list[tuple[int, str]]  # each stub line: its line number in `text`, and its function
+
+
+def build(solution: str, filename: str = "<solution>") -> Stub:
+    """The exercise text for a solution text, and where its stub lines are."""
     out: list[str] = []
+    todos: list[tuple[int, str]] = []
     inside = None  # line number of the open BEGIN marker
     for number, line in enumerate(solution.splitlines(keepends=True), start=1):
         stripped = line.strip()
@@ -39,8 +47,8 @@ def make_stub(solution: str, filename: str = "<solution>") -> str:
                 raise ValueError(f"{filename}:{number}: {BEGIN} inside the block opened on line {inside}")
             inside = number
             indent = len(line) - len(line.lstrip())
-            name = _enclosing_function(out, indent)
-            out.append(f"{' ' * indent}raise NotImplementedError(\"{name}: replace this line with your code\")\n")
+            todos.append((len(out) + 1, _enclosing_function(out, indent)))
+            out.append(f"{' ' * indent}raise NotImplementedError(\"{todo_message(todos[-1][1])}\")\n")
         elif stripped == END:
             if not inside:
                 raise ValueError(f"{filename}:{number}: {END} without {BEGIN}")
@@ -49,10 +57,26 @@ def make_stub(solution: str, filename: str = "<solution>") -> str:
             out.append(line)
     if inside:
         raise ValueError(f"{filename}:{inside}: {BEGIN} is never closed")
-    return "".join(out)
+    return Stub("".join(out), todos)
+
+
+def make_stub(solution: str, filename: str = "<solution>") -> str:
+    """The exercise text for a solution text."""
+    return build(solution, filename).text
+
+
+def todo_message(function: str) -> str:
+    """What a stub line's NotImplementedError says."""
+    return f"{function}: replace this line with your code"
+
+
+def stub_of(exercise: Exercise) -> Stub | None:
+    """The untouched exercise file, or None when there is no solution to make it from."""
+    path = SOLUTIONS_DIR / exercise.filename
+    return build(path.read_text(encoding="utf-8"), exercise.filename) if path.is_file() else None
 
 
 def stub_for(exercise: Exercise) -> str | None:
-    """The untouched exercise file, or None when there is no solution to make it from."""
-    path = SOLUTIONS_DIR / exercise.filename
-    return make_stub(path.read_text(encoding="utf-8"), exercise.filename) if path.is_file() else None
+    """The untouched exercise file's text, or None when there is no solution to make it from."""
+    stub = stub_of(exercise)
+    return stub.text if stub else None

@@ -1,4 +1,4 @@
-"""A tiny Triton kernel run the way exercise 06's tests run it; prints one `KATA-PROBE {json}` line.
+"""A tiny Triton kernel run the way the Triton exercises' tests run it; prints one `KATA-PROBE {json}` line.
 
 `python grader.py doctor` runs this as `python -m kata.grader.triton_probe` in a subprocess: a broken
 Triton may hang or crash, and importing torch costs seconds. It lives in a file of its own because

@@ -10,7 +10,7 @@ import pytest
 from kata import gpu
 from kata.bench import forward as bench
 from kata.grader import doctor
-from kata.exercises import SOLUTIONS_DIR
+from kata.exercises import SOLUTIONS_DIR, format_numbers, numbers_where
 
 T4 = "Tesla T4"
 
@@ -71,7 +71,8 @@ def test_a_gpu_torch_cannot_use_is_named_with_the_fix(tmp_path, monkeypatch, tor
     assert reason.startswith(f"nvidia-smi sees {T4}, but torch 2.13.0") and words in reason
     problems = doctor.known_problems({"numpy": "2.4", "torch": "2.13.0", "triton": "3.9"}, "Linux", False,
                                      probe={"cuda": False, "torch_cuda": torch_cuda}, gpus=gpu.nvidia_gpus())
-    assert ("problem", reason + "; until then exercise 06's GPU tests are skipped") in problems
+    stages = format_numbers(numbers_where("needs_gpu"))
+    assert ("problem", f"{reason}; until then the GPU tests of {stages} are skipped") in problems
 
 
 def test_no_gpu_or_a_working_one_is_no_problem(tmp_path, monkeypatch):
@@ -83,4 +84,6 @@ def test_no_gpu_or_a_working_one_is_no_problem(tmp_path, monkeypatch):
 def test_doctor_notes_a_gpu_without_bf16():
     problems = doctor.known_problems({"numpy": "2.4", "torch": "2.13.0", "triton": "3.9"}, "Linux", True,
                                      probe={"cuda": True, "bf16_missing": gpu.bf16_missing(fake_torch())})
-    assert any(kind == "note" and "bfloat16 tests and the benchmark" in text for kind, text in problems)
+    stages = format_numbers(numbers_where("needs_gpu"))
+    assert any(kind == "note" and f"the bfloat16 tests of {stages}, and the benchmarks" in text
+               for kind, text in problems)

@@ -34,12 +34,23 @@ def test_mistakes_exit_2_with_a_clear_message(repo, args, words):
 
 
 def test_one_exercise_by_number_or_name(repo):
-    """`01`, `1` and `safe_softmax` name the same exercise; its stubs are reported in one line each."""
+    """`01`, `1` and `safe_softmax` name the same exercise; its untouched stub points at the first function."""
     outs = [grader(repo, key) for key in ("01", "1", "safe_softmax")]
     assert all(o.returncode == 1 for o in outs)
-    assert outs[0].stdout.startswith("01 safe_softmax: not started, 0 of 54 tests pass")
-    assert "54 tests not started" in outs[0].stdout and "exercises/01_safe_softmax.py:" in outs[0].stdout
-    assert outs[1].stdout.splitlines()[0].startswith(outs[2].stdout.splitlines()[0][:40])
+    assert outs[0].stdout.startswith("01 safe_softmax: not started, no test run: the file is untouched")
+    assert "The first function to write:" in outs[0].stdout
+    assert "at exercises/01_safe_softmax.py:37 in safe_softmax" in outs[0].stdout
+    assert outs[1].stdout == outs[2].stdout == outs[0].stdout
+
+
+def test_a_started_file_whose_functions_all_raise_is_run(tmp_path):
+    """One character changed is no longer the stub: the tests run, and say how many there are."""
+    root = make_repo(tmp_path, real=("01",))
+    learner = root / "exercises" / "01_safe_softmax.py"
+    learner.write_text(learner.read_text() + "# my notes\n")
+    done = grader(root, "01")
+    assert done.stdout.startswith("01 safe_softmax: not started, 0 of 54 tests pass"), done.stdout
+    assert "54 tests not started, the first:" in done.stdout
 
 
 def test_targets_solutions_dir_and_env(repo, tmp_path):

@@ -1,12 +1,13 @@
 """The grader's pieces in-process: status rules, the report's layout, backups, the plugin's functions."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from kata.grader import progress, reset, runner
-from kata.exercises import EXERCISES
+from kata.exercises import EXERCISES, ROOT, format_numbers, numbers_where
 from kata.grader.pytest_plugin import cap, mentions_not_implemented
 from kata.grader.report import details, summary
 from kata.grader.results import Failure, classify
@@ -131,6 +132,50 @@ def test_failure_of_a_test_keeps_its_printed_output():
     assert r.failure == Failure("a", "boom", error("boom")["frames"], "hello")
 
 
+def test_details_show_one_case_of_each_failing_test():
+    """Cases of one parametrized test are one check: shown once, the other ids on a line, so that the
+    five shown are five different checks."""
+    cases = [ran(f"test_rows[n{n}]", "failed", error=error(f"row {n} wrong"), about="Rows dropped.")
+             for n in (1, 2, 3)]
+    checks = [ran(f"test_check{i}", "failed", error=error(f"check {i} wrong")) for i in range(6)]
+    text = details(result([*cases[:2], checks[0], cases[2], *checks[1:], FINISH]))
+    assert text.count("FAILED ") == 5 and "FAILED test_rows[n1]" in text and "row 1 wrong" in text
+    assert "row 2 wrong" not in text and "  also failing: [n2], [n3]\n" in text
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("FAILED")] == [
+        "test_rows[n1]", "test_check0", "test_check1", "test_check2", "test_check3"]
+    assert "... and 2 more failing tests" in text
+    assert "  bugs this test catches (yours may be one, or another): Rows dropped." in text
+
+
+def test_many_failing_cases_of_one_test_fit_one_line():
+    ids = [f"nq{n}-nk{n + 1}-bq2-bk3-causal" for n in range(40)]
+    text = details(result([ran(f"test_ragged[{i}]", "failed", error=error("wrong")) for i in ids] + [FINISH]))
+    also = next(line for line in text.splitlines() if line.startswith("  also failing: "))
+    assert len(also) <= 80 and also.startswith(f"  also failing: [{ids[1]}], [{ids[2]}]")
+    shown = also.count("[")
+    assert also.endswith(f" and {len(ids) - 1 - shown} more"), also
+
+
+@pytest.mark.parametrize("numbers, text", [([], ""), (["06"], "06"), (["06", "09"], "06 and 09"),
+                                           (["06", "09", "10", "13"], "06, 09, 10 and 13")])
+def test_numbers_read_as_a_sentence(numbers, text):
+    assert format_numbers(numbers) == text
+
+
+def test_the_texts_name_every_exercise_with_a_gpu_stage_or_torch():
+    """Help, doctor and the closing message derive their lists from the exercise list."""
+    from kata.grader.doctor import known_problems
+    stages, torch = format_numbers(numbers_where("needs_gpu")), format_numbers(numbers_where("needs_torch"))
+    help_text = subprocess.run([sys.executable, str(ROOT / "grader.py"), "--help"], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "200"}).stdout
+    assert f"those with a GPU stage, {stages}, get" in help_text
+    problems = " ".join(text for _, text in known_problems({"numpy": "2.4", "torch": None, "triton": "3.9"},
+                                                           "Linux", False))
+    assert f"exercises {torch} are written in it" in problems
+    rows = [result([ran("a"), ran("b", "skipped", skip_reason="no CUDA GPU"), FINISH], n) for n in ("06", "09")]
+    assert f"to test {stages} compiled" in " ".join(summary(rows, "exercises/").split())
+
+
 GOLDEN = Path(__file__).with_name("grader_golden_report.txt")
 
 
@@ -153,7 +198,7 @@ def test_the_report_matches_its_golden_file():
     ({"numpy": "2.4.1", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", False, "numpy<2.4"),
     ({"numpy": "2.4.1", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", True, None),  # compiled: no interpreter
     ({"numpy": "2.3.5", "triton": "3.6.0", "torch": "2.11.0"}, "Linux", False, None),
-    ({"numpy": "2.4.1", "triton": None, "torch": "2.13.0"}, "Darwin", False, "01-05 still work"),
+    ({"numpy": "2.4.1", "triton": None, "torch": "2.13.0"}, "Darwin", False, "the others still work"),
     ({"numpy": "2.4.1", "triton": None, "torch": "2.13.0"}, "Linux", False, "Triton is missing"),
     ({"numpy": None, "triton": "3.9.0", "torch": "2.13.0"}, "Linux", False, "NumPy is missing"),
 ], ids=["interpreter-numpy-2.4", "compiled", "numpy-2.3", "macos", "linux-no-triton", "no-numpy"])

@@ -1,0 +1,91 @@
+"""Start one exercise's pytest process: plain, or forked from a server that has imported torch once.
+
+Importing torch takes one to two seconds, and each exercise that tests with torch paid it again in
+its own process. multiprocessing's fork server imports torch (never Triton: the tests set
+TRITON_INTERPRET before they import it) and forks each test process from itself: a process of its
+own as before, with its own session, output and exit code, started with torch already in memory.
+Torch is imported but not used there, so no thread or GPU context is forked.
+"""
+from __future__ import annotations
+
+import atexit
+import gc
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+from kata.exercises import ROOT
+
+PRELOAD = ["numpy", "pytest", "torch"]  # what the test processes import, torch the slowest; a missing one is skipped
+_START = threading.Lock()  # the runner's threads start processes one at a time
+
+
+def can_fork() -> bool:
+    """A fork server needs fork: not on Windows."""
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def start(args: list[str], env: dict[str, str], out: int, forked: bool):
+    """Start `python -m pytest ARGS` in ROOT with `env`, its output into the file descriptor `out`.
+    Returns what the runner waits on and kills: a subprocess.Popen, or a Forked of the same shape."""
+    if not forked:
+        return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=out, start_new_session=hasattr(os, "killpg"))
+    context = multiprocessing.get_context("forkserver")
+    writer = Connection(os.dup(out), readable=False)  # sent to the forked process with the call
+    process = context.Process(target=_pytest_main, args=(args, env, writer), name="kata-pytest")
+    try:
+        with _START:
+            context.set_forkserver_preload(PRELOAD)  # read when the first start starts the server
+            process.start()
+    except (EOFError, OSError):  # the server died importing (a broken install): the test process says how
+        return start(args, env, out, forked=False)
+    finally:
+        writer.close()
+    return Forked(process)
+
+
+class Forked:
+    """A forked test process, with the part of subprocess.Popen's interface the runner uses."""
+
+    def __init__(self, process: multiprocessing.Process):
+        self.process, self.pid = process, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode  # negative for a signal, as Popen's
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired("pytest", timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def _pytest_main(args: list[str], env: dict[str, str], writer: Connection) -> None:
+    """In the forked process: become what `python -m pytest ARGS` started by Popen would be."""
+    gc.freeze()  # what the server imported is never garbage: pytest's collections at exit skip it
+    os.setsid()  # a session of its own: a timeout ends pytest and whatever it started, as with Popen
+    for fd in (1, 2):
+        os.dup2(writer.fileno(), fd)
+    writer.close()
+    # New streams on the new descriptors, as Python makes them at start-up with PYTHONIOENCODING=utf-8.
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = env.get("PYTHONDONTWRITEBYTECODE") == "1"  # read only at start, too
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))  # as `python -m` puts the working folder first
+    import pytest
+    try:
+        code = pytest.main(args)
+    finally:
+        atexit._run_exitfuncs()  # a forked process ends with os._exit: run what a normal exit runs
+    sys.exit(int(code))
