@@ -32,6 +32,8 @@ The loop order (FlashAttention-2)
         write dK_j, dV_j once.
     dK_j and dV_j sum over query blocks, so with key blocks outside they never leave the chip;
     dQ_i sums over key blocks and is added to in HBM (on a GPU: atomics, or exercise 09's split).
+    Keeping dK_j and dV_j in locals and writing them once is advice here (NumPy has no chip to
+    keep them on; 09 makes it a kernel's registers); the order of key blocks is checked.
 
 In the paper
     FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B.2 shows D_i = do_iᵀ o_i.
@@ -103,7 +105,9 @@ def tiled_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.
 
     Shapes as in attention_backward. For each key block j (ascending), dK_j and dV_j gather the
     tiles of every query block the schedule pairs with j; dq gathers over key blocks. Rows of Q, K,
-    V, O and dO in no scheduled tile are never used; no array of n_q × n_k elements is made.
+    V, O and dO in no scheduled tile are never used (they may hold NaN): D = rowsum(dO ∘ O) may
+    still be computed for every row at once, as long as no output takes anything from those rows.
+    No array of n_q × n_k elements is made.
     """
     # TODO: D = rowsum(dO ∘ O); group tile_schedule's tiles by key block; for each key block keep
     #       dK_j, dV_j, and for each of its tiles rebuild P (mask only if needs_mask) and add in.

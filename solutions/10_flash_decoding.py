@@ -39,7 +39,10 @@ Conventions
     - kv_lens[b] = 0 makes every row of batch b fully masked: o = 0, lse = −inf, never NaN.
     - num_splits None: chosen from B·H_kv, n_k and the GPU's SM count (choose_num_splits).
       Chunks are keys_per_split(n_k, num_splits) long, whole tiles; splits past the end are empty.
-    - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU, one program at a time.
+    - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU, one program at a time, in
+      float32 and float16 with 16-key tiles; the tests also compile them for Ampere and Hopper in
+      float16 and bfloat16, as a GPU would. Only the GPU stage runs bfloat16, the real tile sizes
+      and split counts, and long caches.
 
 Given (kata/given/)
     solved.py   solved("06").attn_tiles, exercise 06's loop over key tiles, solved: kernel 1 calls
@@ -143,7 +146,8 @@ def _merge_kernel(O_PART, LSE_PART, O, LSE, num_splits, HEAD_DIM: tl.constexpr, 
     O (rows, HEAD_DIM) in the output dtype and LSE (rows,) float32, contiguous.
     """
     # TODO: pass 1 finds M = max over the splits' lse; pass 2 sums w = exp(lse_s - M) and w · o_s
-    #       (a split with w = 0 adds nothing, whatever its o holds). Store o = sum / l and
+    #       (a split with w = 0 adds nothing, whatever its o holds: its o may be NaN, and 0 · NaN
+    #       is NaN, so choose with tl.where rather than multiply). Store o = sum / l and
     #       lse = M + log(l); with every split empty, o = 0 and lse = -inf, never NaN.
     # BEGIN SOLUTION
     row = tl.program_id(0).to(tl.int64)

@@ -85,7 +85,8 @@ def merge_partials(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
                    lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 03's merge in torch: o (..., n, D_v), lse (..., n) over two disjoint key sets."""
     # TODO: lse of the union, then each side weighted by its share; a side with lse = -inf adds
-    #       exactly nothing (its o may be anything), two such sides give (0, -inf).
+    #       exactly nothing (its o may be anything, NaN too, and 0 · NaN is NaN: choose with
+    #       torch.where rather than multiply), two such sides give (0, -inf).
     # BEGIN SOLUTION
     lse = torch.logaddexp(lse_a, lse_b)
     shift = torch.where(torch.isneginf(lse), 0.0, lse)  # both sides empty: -inf - (-inf) would be NaN

@@ -40,6 +40,14 @@ def allowed_pairs(n_q, n_k, causal=False, mask=None):
     return allowed
 
 
+def oracle_schedule(n_q, n_k, block_q, block_k, causal=False, mask=None):
+    """Every tile of the dense mask, kept iff some pair may attend, flagged iff some pair may not."""
+    allowed = allowed_pairs(n_q, n_k, causal, mask)
+    tiles = [(i, j, allowed[r:r + block_q, c:c + block_k])
+             for i, r in enumerate(range(0, n_q, block_q)) for j, c in enumerate(range(0, n_k, block_k))]
+    return [(i, j, not pairs.all()) for i, j, pairs in tiles if pairs.any()]
+
+
 def scores(q, k, scale=None):
     """S = scale · q kᵀ in float64; scale defaults to 1/sqrt(d) only when it is None."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)

@@ -26,6 +26,18 @@ def record_calls(monkeypatch, module, name, keep):
     return calls
 
 
+def asked_outside(asked, flagged, block_q, block_k):
+    """The first (rows, cols, (i, j)) among `asked` (slice pairs a mask function was called with) that
+    lies within one tile not in `flagged`; None if there is none. A question about a larger region,
+    such as the whole grid at once, is not judged: it is not one unmasked tile paying for the mask."""
+    for rows, cols in asked:
+        i, j = rows.start // block_q, cols.start // block_k
+        in_one_tile = (rows.stop - 1) // block_q == i and (cols.stop - 1) // block_k == j
+        if in_one_tile and (i, j) not in flagged:
+            return rows, cols, (i, j)
+    return None
+
+
 # ---- watching what the code under test reads ----------------------------------------------------
 
 def watch(a):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, with_offsets
-from spies import record_calls, watch
+from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, random_qkv, with_offsets
+from spies import asked_outside, record_calls, watch
 
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
 FIRST_TILES = "a row whose first tiles are fully masked keeps m = -inf (shift by 0) and stays exact"
@@ -23,14 +23,6 @@ SCALE = "scores are scale · q kᵀ; scale defaults to 1/sqrt(d) only when it is
 
 
 # ---- oracle: the schedule from the dense mask, pair by pair (attention: tests/oracles.py) ---------
-
-def oracle_schedule(n_q, n_k, block_q, block_k, causal=False, mask=None):
-    """Every tile of the dense mask, kept iff some pair may attend, flagged iff some pair may not."""
-    allowed = allowed_pairs(n_q, n_k, causal, mask)
-    tiles = [(i, j, allowed[r:r + block_q, c:c + block_k])
-             for i, r in enumerate(range(0, n_q, block_q)) for j, c in enumerate(range(0, n_k, block_k))]
-    return [(i, j, not pairs.all()) for i, j, pairs in tiles if pairs.any()]
-
 
 # ---- checks -------------------------------------------------------------------------------------
 
@@ -359,13 +351,11 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
     asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]))
     ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, mask=mask)
     flagged = {(i, j) for i, j, needs_mask in schedule if needs_mask}
-    for rows, cols in asked:
-        i, j = rows.start // block_q, cols.start // block_k
-        in_one_tile = (rows.stop - 1) // block_q == i and (cols.stop - 1) // block_k == j
-        if in_one_tile and (i, j) not in flagged:
-            what = (f"tiled_attention(q ({n_q}, 8), k ({n_k}, 8), block_q={block_q}, block_k={block_k}, "
-                    f"causal={causal}{', mask' if masked else ''})")
-            raise AssertionError(f"{what}: tile_allowed was asked about queries {rows.start}-{rows.stop - 1}, keys "
-                                 f"{cols.start}-{cols.stop - 1}, in {tile_text((i, j, False), n_q, n_k, block_q, block_k)}, "
-                                 f"where every pair may attend\n  convention: {NEEDS_MASK}; apply the mask "
-                                 f"only on needs_mask tiles")
+    if found := asked_outside(asked, flagged, block_q, block_k):
+        rows, cols, (i, j) = found
+        what = (f"tiled_attention(q ({n_q}, 8), k ({n_k}, 8), block_q={block_q}, block_k={block_k}, "
+                f"causal={causal}{', mask' if masked else ''})")
+        raise AssertionError(f"{what}: tile_allowed was asked about queries {rows.start}-{rows.stop - 1}, keys "
+                             f"{cols.start}-{cols.stop - 1}, in {tile_text((i, j, False), n_q, n_k, block_q, block_k)}, "
+                             f"where every pair may attend\n  convention: {NEEDS_MASK}; apply the mask "
+                             f"only on needs_mask tiles")

@@ -14,7 +14,7 @@ from checks import assert_close
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
-                            call, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
+                            call, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
                             poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
                             tolerance, visible)
 
@@ -127,6 +127,22 @@ def test_matches_torch_sdpa(ex, rng):
     tol = tolerance(q.dtype)
     assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, True)}: o vs torch SDPA",
                  rtol=tol, atol=tol, convention=CAUSAL)
+
+
+@interpreted_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float16_in_the_interpreter(ex, rng, causal):
+    """P left in float32 for tl.dot with float16 V, o stored in the wrong dtype, float16 rounding twice."""
+    q, k, v = (randn(rng, 1, 2, n, 16, dtype=torch.float16) for n in (33, 40, 40))
+    check(ex, q, k, v, causal=causal, convention="cast P to V's dtype for tl.dot; sums stay float32")
+
+
+@interpreted_only
+def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
+    """A module global read inside @triton.jit, tl.dot of mixed dtypes: the interpreter runs them, a GPU refuses."""
+    q, k, v = (randn(rng, 2, 2, n, 40, dtype=torch.float16) for n in (33, 40, 40))  # D = 40: padded to 64
+    check_compiles_for_gpus(*(partial(ex.flash_attention, q, k, v, causal=causal, kv_lens=kv_lens)
+                              for causal in (False, True) for kv_lens in (None, torch.tensor([40, 3]))))
 
 
 @pytest.mark.given

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, random_qkv, softmax, weights, with_offsets
+from oracles import (DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, random_qkv, softmax, weights,
+                     with_offsets)
 from oracles_torch import attention_grads, softmax_grad
-from spies import watch
+from spies import asked_outside, record_calls, watch
 
 SOFTMAX_BACKWARD = "ds = p ∘ (dp − D), D = rowsum(p ∘ dp): one number per row, summed along the last axis"
 FORMULAS = ("P = exp(S − lse) (0 where masked), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D) with D = rowsum(dO ∘ O), "
@@ -27,6 +28,7 @@ MASKED_ROW = ("a fully masked row (lse = -inf, all its scores -inf) has P = 0: s
 SCALE = "scores are scale · q kᵀ; scale defaults to 1/sqrt(d) only when it is None (0.0 is a scale)"
 ORDER = ("FlashAttention-2's order: key blocks outside, ascending, each read in one stretch while dK_j and "
          "dV_j gather the tiles of its query blocks (then written once); query blocks inside")
+NEEDS_MASK = "the mask is applied only on tiles the schedule flags needs_mask: the others have every pair allowed"
 NO_SQUARE = "no array of n_q × n_k elements: S, P, dP and dS exist one tile at a time"
 
 
@@ -322,6 +324,31 @@ def test_finite_differences(ex, rng, blocks):
 
 ORDER_CASES = [(7, 9, 3, 2, True, False), (6, 10, 2, 3, False, False), (9, 10, 3, 4, False, True),
                (10, 8, 4, 3, True, True)]
+
+
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", ORDER_CASES,
+                         ids=[case_id(c[4], nq=c[0], nk=c[1], bq=c[2], bk=c[3]) + ("-mask" if c[5] else "")
+                              for c in ORDER_CASES])
+def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k, block_q, block_k, causal, masked):
+    """The mask applied on every tile, not only those flagged needs_mask: the gradients come out the
+    same, but only the tiles the diagonal (or the mask) crosses should pay for it.
+
+    tile_schedule is replaced by the oracle's schedule and tile_allowed wrapped to record what it is
+    asked about (tests/spies.py): a question about one tile may concern only a tile with needs_mask.
+    """
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
+    mask = rng.random((n_q, n_k)) < 0.7 if masked else None
+    schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
+    o, lse = forward(q, k, v, allowed_pairs(n_q, n_k, causal, mask))
+    monkeypatch.setattr(ex, "tile_schedule", lambda *args, **kwargs: list(schedule))
+    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]))
+    ex.tiled_attention_backward(q, k, v, o, lse, random_do(rng, n_q, 5), block_q, block_k, causal=causal, mask=mask)
+    if found := asked_outside(asked, {(i, j) for i, j, needs_mask in schedule if needs_mask}, block_q, block_k):
+        rows, cols, (i, j) = found
+        raise AssertionError(f"tiled_attention_backward(q ({n_q}, 8), k ({n_k}, 8), block_q={block_q}, "
+                             f"block_k={block_k}, causal={causal}{', mask' if masked else ''}): tile_allowed was "
+                             f"asked about queries {rows.start}-{rows.stop - 1}, keys {cols.start}-{cols.stop - 1}, "
+                             f"in tile ({i}, {j}), where every pair may attend\n  convention: {NEEDS_MASK}")
 
 
 @pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", ORDER_CASES,

@@ -6,6 +6,8 @@ shapes); with one, the same tests run compiled, and the tests marked gpu add flo
 float32 at up to 4096 tokens and a short training run beside torch's SDPA. Each test's name says
 the bug it catches; mutants/09_triton_backward.toml holds those bugs.
 """
+from functools import partial
+
 import pytest
 
 from checks import assert_close, assert_unmodified
@@ -13,8 +15,8 @@ from checks import assert_close, assert_unmodified
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, gpu, interpreted_only,  # noqa: E402
-                            poison_unattended_keys, randn, shape_id, skip_unless_supported, small_qk, tolerance)
+from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, check_compiles_for_gpus, gpu,  # noqa: E402
+                            interpreted_only, masked_tiles, poison_unattended_keys, record_stages, randn, shape_id, skip_unless_supported, small_qk, tolerance)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -160,6 +162,57 @@ def test_matches_torch_sdpa_gradients(ex, rng):
         size = max(1.0, leaf.grad.abs().max().item())
         assert_close(numpy(got), numpy(leaf.grad), what=f"{name(q, k, True)}: {label} vs torch SDPA",
                      rtol=tol, atol=tol * size, convention=CAUSAL)
+
+
+@interpreted_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float16_in_the_interpreter(ex, rng, causal):
+    """P or dS left in float32 for tl.dot with float16 operands, a gradient stored in the wrong dtype."""
+    check(ex, *qkv_do(rng, 1, 2, 33, 40, 16, dtype=torch.float16), causal=causal,
+          convention="cast P and dS to the input dtype for tl.dot; sums stay float32")
+
+
+STAGES = ("only the tiles the causal diagonal or the ragged end of the walked array cuts run MASKED; the others "
+          "load without bounds checks and skip the causal tl.where")
+
+
+@interpreted_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_only_tiles_the_diagonal_or_the_end_cuts_run_masked(ex, rng, monkeypatch, causal):
+    """Every tile run MASKED (one masked stage over all tiles): the gradients come out right, but each
+    tile pays for bounds checks and a mask that it does not need.
+
+    _dkdv_tiles and _dq_tiles are wrapped (tests/triton_helpers.py, record_stages) while the
+    interpreter runs the kernels as Python; each tile a call walks with MASKED set must be cut by
+    the diagonal or by the ragged end. n_q = 100 and n_k = 80 leave both kernels whole tiles.
+    """
+    n_q, n_k = 100, 80
+    dkdv = record_stages(monkeypatch, ex, "_dkdv_tiles")
+    dq = record_stages(monkeypatch, ex, "_dq_tiles")
+    run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), causal=causal)
+    if not dkdv and not dq:
+        pytest.skip("the kernels do not call _dkdv_tiles and _dq_tiles, so their stages are not checked")
+    what = f"flash_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16){', causal' if causal else ''}).backward"
+    for walk, start in masked_tiles(dkdv, "BLOCK_M"):
+        keys = walk["keys"]
+        if not (start + walk["BLOCK_M"] > walk["n_q"] or causal and start < keys.max()):
+            raise AssertionError(f"{what}: _dkdv_tiles ran query rows {start}-{start + walk['BLOCK_M'] - 1} against "
+                                 f"keys {keys.min()}-{keys.max()} MASKED, though no pair of that tile is masked "
+                                 f"or past the end\n  convention: {STAGES}")
+    for walk, start in masked_tiles(dq, "BLOCK_N"):
+        rows = walk["rows"]
+        if not (start + walk["BLOCK_N"] > walk["n_k"] or causal and start + walk["BLOCK_N"] - 1 > rows.min()):
+            raise AssertionError(f"{what}: _dq_tiles ran keys {start}-{start + walk['BLOCK_N'] - 1} for query rows "
+                                 f"{rows.min()}-{rows.max()} MASKED, though no pair of that tile is masked or past "
+                                 f"the end\n  convention: {STAGES}")
+
+
+@interpreted_only
+def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
+    """A module global read inside @triton.jit (LOG2E), tl.dot of float32 P by float16 dO: the
+    interpreter runs them, a GPU refuses."""
+    inputs = tuple(qkv_do(rng, 2, 2, 33, 40, 40, dtype=torch.float16))
+    check_compiles_for_gpus(*(partial(run, ex, *inputs, causal=causal) for causal in (False, True)))
 
 
 @pytest.mark.given

@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch"
 from oracles_torch import attention  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS, call,  # noqa: E402
-                            check_forward, gpu, interpreted_only, poison_padding, poisoned_buffers,  # noqa: F401 (a fixture)
-                            randn, skip_unless_supported, tolerance, visible)
+                            check_compiles_for_gpus, check_forward, gpu, interpreted_only, masked_tiles,
+                            poison_padding, poisoned_buffers, randn, record_stages,  # noqa: F401 (a fixture)
+                            skip_unless_supported, tolerance, visible)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -26,6 +27,7 @@ GQA = "query head h reads kv head h // (H_q / H_kv); tile row r is query r % n_q
 MASKED_ROW = "kv_lens[b] = 0 gives o = 0 and lse = -inf for every row of batch b, never NaN"
 SPLIT = ("split s covers keys [s·c, (s+1)·c) below kv_lens[b], c = keys_per_split(n_k, S); "
          "an empty chunk gives o = 0, lse = -inf")
+STAGES = "a chunk's whole tiles are folded unmasked, then only its ragged end MASKED"
 MERGE = ("03's rule: lse = M + log Σ exp(lse_s - M), o = Σ exp(lse_s - lse) · o_s; "
          "a split with lse_s = -inf adds nothing, whatever its o holds")
 
@@ -175,6 +177,45 @@ def test_matches_torch_sdpa_with_gqa(ex, rng):
     tol = tolerance(q.dtype)
     assert_close(o.double().cpu().numpy(), expected.cpu().numpy(), what=f"{name(q, k, None, 3)}: o vs torch SDPA",
                  rtol=tol, atol=tol, convention=GQA)
+
+
+@interpreted_only
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["splits1", "splits3"])
+def test_float16_in_the_interpreter(ex, rng, num_splits):
+    """P left in float32 for tl.dot with float16 V, the merged o stored in the wrong dtype."""
+    check(ex, *qkv(rng, 2, 4, 2, 3, 37, 16, dtype=torch.float16), kv_lens=torch.tensor([37, 20]),
+          num_splits=num_splits, convention="cast P to V's dtype for tl.dot; partials stay float32")
+
+
+@interpreted_only
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["splits1", "splits3"])
+def test_only_the_ragged_end_of_a_chunk_is_folded_masked(ex, rng, monkeypatch, num_splits):
+    """The whole chunk folded MASKED: the output comes out right, but every tile pays for the bounds
+    checks that only the chunk's ragged last tile needs.
+
+    attn_tiles (06's loop, given) is wrapped (tests/triton_helpers.py, record_stages) while the
+    interpreter runs the split kernel as Python: each tile a call folds with MASKED set must reach
+    past the call's bound on keys (n_keys: the chunk's end).
+    """
+    walks = record_stages(monkeypatch, ex, "attn_tiles")
+    q, k, v = qkv(rng, 2, 4, 2, 3, 70, 16)
+    call(ex.flash_decode, q, k, v, kv_lens=torch.tensor([70, 37]), num_splits=num_splits)
+    if not walks:
+        pytest.skip("the split kernel does not call attn_tiles, so its stages are not checked")
+    for walk, start in masked_tiles(walks, "BLOCK_N"):
+        if start + walk["BLOCK_N"] <= walk["n_keys"]:
+            raise AssertionError(f"{name(q, k, torch.tensor([70, 37]), num_splits)}: attn_tiles folded keys "
+                                 f"{start}-{start + walk['BLOCK_N'] - 1} MASKED, a whole tile below the chunk's end "
+                                 f"{walk['n_keys']}\n  convention: {STAGES}")
+
+
+@interpreted_only
+def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
+    """A module global read inside @triton.jit (LN2), tl.dot of mixed dtypes: the interpreter runs
+    them, a GPU refuses."""
+    q, k, v = qkv(rng, 2, 4, 2, 3, 37, 40, dtype=torch.float16)
+    check_compiles_for_gpus(*(partial(ex.flash_decode, q, k, v, kv_lens=kv_lens, num_splits=3)
+                              for kv_lens in (None, torch.tensor([37, 20]))))
 
 
 @pytest.mark.given

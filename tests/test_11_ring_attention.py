@@ -28,6 +28,8 @@ EMPTY = "a side with lse = -inf is the identity of the merge, whatever its o hol
 STEPS_CAUSAL = ("causal: rank r attends the K/V shards of ranks 0..r once each; a later rank's keys "
                 "all come after r's queries, so that step is skipped (the shard is still passed on)")
 STEPS_FULL = "every rank attends every K/V shard once, its own included"
+OVERLAP = ("start the next shard's isend and irecv before this step's local_attention, wait for them after "
+           "it: the transfer overlaps the compute")
 PASSED = ("a K/V shard travels once around the ring: world - 1 transfers per rank; at the last step "
           "the held shard would only go back to its owner")
 VALUES = ("equal to attention over the whole sequence: rank r's rows are positions "
@@ -81,6 +83,21 @@ def check_passing(label, results, causal):
             shards, expected = r[what] / r["shard"], r["ring_size"] - 1
             assert shards == expected, (f"{label}: rank {rank} {what} {shards:g} K/V shards ({r[what]} numbers), "
                                         f"expected {expected}\n  convention: {PASSED}")
+
+
+def check_overlap(label, results):
+    """While each step attends its shard, the next shard's isend and irecv are in flight (started,
+    not yet waited for); only the last attended step has nothing left to pass on."""
+    __tracebackhide__ = True
+    for rank, r in enumerate(results):
+        if r["ring_size"] == 1:
+            continue
+        for number, (shard, flying) in enumerate(zip(r["steps"][:-1], r["in_flight"][:-1])):
+            if not ("isend" in flying and "irecv" in flying):
+                raise AssertionError(
+                    f"{label}: rank {rank}: while local_attention ran on the keys of rank {shard} (its attended "
+                    f"step {number}), the transfers in flight were {flying or 'none'}: the next K/V shard was not "
+                    f"travelling during the compute\n  convention: {OVERLAP}")
 
 
 def check_values(label, inputs, results, causal, scale=None, tol=1e-10):
@@ -148,12 +165,21 @@ def test_merge_empty_side_adds_nothing_even_if_its_o_is_nan(ex, rng):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_each_shard_goes_once_around_and_the_merge_is_exact(ex, request, rng, case, causal):
     """A shard attended twice or never, a causal step not skipped (or the diagonal skipped), a shard
-    sent back to its owner (world transfers instead of world - 1), a receive into the input k or v;
+    sent back to its owner (world transfers instead of world - 1), a receive into the input k or v,
+    or into the buffer being sent or attended (from world 3 on, a rank then attends one shard twice);
     then a wrong merge, the diagonal step unmasked or a past shard masked, lse not the natural log."""
     world, shape = case
     label, inputs, results = run_ring(request, rng, world, shape, causal)
     check_passing(label, results, causal)
     check_values(label, inputs, results, causal)
+
+
+@pytest.mark.parametrize("world, causal", [(3, False), (4, True)], ids=["world3-full", "world4-causal"])
+def test_the_next_transfer_overlaps_this_steps_compute(ex, request, rng, world, causal):
+    """The transfer started after the step's compute, or blocking send and recv after it: right
+    numbers, but each step then waits for its shard instead of receiving it while it computes."""
+    label, _, results = run_ring(request, rng, world, (1, 2, 2 * world, 4), causal)
+    check_overlap(label, results)
 
 
 def test_huge_scores_merge_without_overflow(ex, request, rng):

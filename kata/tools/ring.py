@@ -135,7 +135,8 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
     """One rank's part: its shards of the whole-sequence q, k, v through the exercise's ring_attention.
 
     `groups` (lists of global ranks) splits the world into rings. Returns o and lse (NumPy, else a
-    type name), `steps` (the ring rank whose keys each local_attention call got), the numbers sent
+    type name), `steps` (the ring rank whose keys each local_attention call got), `in_flight` (for
+    each such call, the isends and irecvs started and not yet waited for), the numbers sent
     and received, the numbers in one K/V shard, and which inputs came back modified.
     """
     import torch
@@ -144,11 +145,27 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
     from torch.distributed import distributed_c10d as c10d
 
     counts = {"isend": 0, "irecv": 0}
+    pending: dict[int, str] = {}  # the transfers started and not yet waited for: id -> "isend" or "irecv"
+
+    class Transfer:
+        """The work handle of one isend or irecv, in flight until the code waits for it."""
+
+        def __init__(self, name, work):
+            self.work = work
+            pending[id(self)] = name
+
+        def wait(self, *args, **kwargs):
+            pending.pop(id(self), None)
+            return self.work.wait(*args, **kwargs)
+
+        def __getattr__(self, attribute):  # is_completed, exception, ...: the real handle's
+            return getattr(self.work, attribute)
 
     def counting(name, op):
         def counted(tensor, *args, **kwargs):
             counts[name] += tensor.numel()
-            return op(tensor, *args, **kwargs)
+            work = op(tensor, *args, **kwargs)
+            return Transfer(name, work) if work is not None else work
         return counted
 
     # Before the exercise loads (it may bind isend at import). send, recv and batch_isend_irecv call
@@ -165,7 +182,7 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
     shards = [torch.as_tensor(a).to(device).chunk(size, dim=2) for a in (q, k, v)]
     mine = [s[me].clone() for s in shards]
     before = [t.clone() for t in mine]
-    steps, step = [], module.local_attention
+    steps, in_flight, step = [], [], module.local_attention
 
     signature = inspect.signature(step)
 
@@ -173,6 +190,7 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
         k_ = signature.bind(*args, **kwargs).arguments["k"]  # however the learner passes it
         steps.append(next((s for s, shard in enumerate(shards[1]) if k_.shape == shard.shape
                            and torch.equal(k_, shard)), -1))
+        in_flight.append(sorted(pending.values()))  # what travels while this step computes
         return step(*args, **kwargs)
 
     module.local_attention = counted_step
@@ -180,8 +198,8 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(f"ring_attention returned {type(out).__name__}, expected a pair (o, lse)")
     o, lse = (t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else type(t).__name__ for t in out)
-    return dict(o=o, lse=lse, steps=steps, sent=counts["isend"], received=counts["irecv"], ring_rank=me,
-                ring_size=size, shard=mine[1].numel() + mine[2].numel(),
+    return dict(o=o, lse=lse, steps=steps, in_flight=in_flight, sent=counts["isend"], received=counts["irecv"],
+                ring_rank=me, ring_size=size, shard=mine[1].numel() + mine[2].numel(),
                 modified=[name for name, a, b in zip("qkv", before, mine) if not torch.equal(a, b)])
 
 
@@ -236,8 +254,9 @@ def _report(rank, result, q, k, v, causal, device) -> str:
     rows = slice(result["ring_rank"] * n, (result["ring_rank"] + 1) * n)
     err_o = np.abs(result["o"] - (torch.softmax(s, dim=-1) @ v)[:, :, rows].cpu().numpy()).max()
     err_lse = np.abs(result["lse"] - torch.logsumexp(s, dim=-1)[:, :, rows].cpu().numpy()).max()
-    return (f"rank {rank}: attended the keys of ranks {result['steps']}, sent {result['sent'] / result['shard']:g} "
-            f"and received {result['received'] / result['shard']:g} K/V shards; "
+    overlap = [f"{len(t)} in flight" for t in result["in_flight"]]
+    return (f"rank {rank}: attended the keys of ranks {result['steps']} (transfers: {', '.join(overlap)}), "
+            f"sent {result['sent'] / result['shard']:g} and received {result['received'] / result['shard']:g} K/V shards; "
             f"max |o - ref| {err_o:.1e}, max |lse - ref| {err_lse:.1e}")
 
 

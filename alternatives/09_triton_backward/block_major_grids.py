@@ -1,40 +1,8 @@
-"""Alternative: one masked loop stage in each backward kernel, still skipping the tiles above the diagonal."""
+"""Alternative: block-major grids in both backward kernels, blocks in launch order.
+
+Program p owns block p // (B·H) and batch·head p % (B·H)."""
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Add query tiles [lo, hi) into the float32 sums dk, dv (BLOCK_N, HEAD_DIM) of one key block.
-
-    k, v (BLOCK_N, HEAD_DIM) on chip; keys: their indices. q_ptrs, do_ptrs point at query rows
-    0..BLOCK_M-1 of this (batch, head); LSE, DELTA at its first row. MASKED: rows at or past n_q
-    load as 0, and (CAUSAL) Pᵀ is 0 where key > query. Returns dk, dv, not yet times scale.
-    """
-    # TODO: for each tile start in range(lo, hi, BLOCK_M): load Q, dO, lse and D of its rows;
-    #       Sᵀ = k @ qᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse·log2 e) (masked when MASKED and CAUSAL);
-    #       dv += Pᵀ @ dO; dPᵀ = v @ dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ @ q.
-    offs_m = tl.arange(0, BLOCK_M)
-    for start in tl.range(lo, hi, BLOCK_M):
-        rows = start + offs_m
-        q = tiles.load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
-        do = tiles.load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
-        if MASKED:
-            lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
-            delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
-        else:
-            lse = tl.load(LSE + rows)
-            delta = tl.load(DELTA + rows)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :] * 1.4426950408889634)
-        if MASKED:
-            if CAUSAL:
-                p_t = tl.where(keys[:, None] <= rows[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
-    return dk, dv
 
 
 @triton.jit
@@ -49,13 +17,10 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     Program p owns batch·head p // cdiv(n_k, BLOCK_N) and key block p % cdiv(n_k, BLOCK_N). LSE and
     DELTA (B, H, n_q) contiguous float32. qk_scale = scale · log2(e).
     """
-    # TODO: load K_j and V_j once (keys past n_k masked); choose the query tiles that attend this
-    #       key block (causal: from the tile holding query start_n on; the tiles that reach keys
-    #       past the query are MASKED, so is the ragged last tile); run _dkdv_tiles over each
-    #       range; store dk·scale and dv for keys < n_k.
     n_blocks = tl.cdiv(n_k, BLOCK_N)
-    bh = tl.program_id(0) // n_blocks
-    block = tl.program_id(0) % n_blocks  # causal: key block 0 has the most query tiles, so runs first
+    batch_heads = tl.num_programs(0) // n_blocks
+    bh = tl.program_id(0) % batch_heads
+    block = tl.program_id(0) // batch_heads
     b = bh // H
     h = bh % H
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -66,13 +31,25 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     LSE += bh.to(tl.int64) * n_q
     DELTA += bh.to(tl.int64) * n_q
 
+    # Three stages: [lo, diagonal) masked, [mid, full) unmasked, [tail, n_q) masked (the ragged end).
+    full = n_q // BLOCK_M * BLOCK_M
     lo = 0
-    if CAUSAL:  # query tiles wholly before the key block attend none of it: skipped
+    diagonal = 0
+    mid = 0
+    tail = full
+    if CAUSAL:  # queries before the block's first key attend none of it; from its last key on, all of it
         lo = block * BLOCK_N // BLOCK_M * BLOCK_M
+        mid = tl.cdiv((block + 1) * BLOCK_N, BLOCK_M) * BLOCK_M
+        diagonal = tl.minimum(mid, n_q)
+        tail = tl.maximum(mid, full)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         lo, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+                         lo, diagonal, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
+                         mid, full, n_q, qk_scale, False, CAUSAL, BLOCK_M)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
+                         tail, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M)
 
     dk_ptrs = tiles.row_ptrs(DK, b, h, stride_dkb, stride_dkh, stride_dkn, keys, HEAD_DIM)
     dv_ptrs = tiles.row_ptrs(DV, b, h, stride_dvb, stride_dvh, stride_dvn, keys, HEAD_DIM)
@@ -92,12 +69,10 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M)
     (or, as the forward, counted from the last). LSE, DELTA as in _bwd_dkdv.
     """
-    # TODO: load this block's Q, dO, lse and D once (rows past n_q masked); walk the key tiles as
-    #       06's forward does (stage 1 unmasked up to `full`, stage 2 MASKED up to `hi`) with
-    #       _dq_tiles; store dq·scale for rows < n_q.
     n_blocks = tl.cdiv(n_q, BLOCK_M)
-    bh = tl.program_id(0) // n_blocks
-    block = n_blocks - 1 - tl.program_id(0) % n_blocks  # causal: the heaviest blocks first
+    batch_heads = tl.num_programs(0) // n_blocks
+    bh = tl.program_id(0) % batch_heads
+    block = tl.program_id(0) // batch_heads
     b = bh // H
     h = bh % H
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,10 +84,15 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
 
     hi = n_k
-    if CAUSAL:  # key tiles wholly after the block's last row are skipped
+    full = n_k
+    if CAUSAL:  # keys below the block's first row are visible to all its rows
         hi = tl.minimum(n_k, (block + 1) * BLOCK_M)
+        full = tl.minimum(n_k, block * BLOCK_M)
+    full = full // BLOCK_N * BLOCK_N
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, hi, n_k,
+    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full, n_k,
+                   qk_scale, False, CAUSAL, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full, hi, n_k,
                    qk_scale, True, CAUSAL, BLOCK_N)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

@@ -1,0 +1,207 @@
+"""Compile the kernels a test launched in Triton's interpreter for real GPUs, without one.
+
+The interpreter runs a @triton.jit function as Python, so it accepts code that compiled Triton
+refuses: a module global read inside the kernel, `tl.dot` of float16 by float32. Such a kernel
+passes every CPU test, then fails on the rented GPU. `record_launches()` notes each launch the
+interpreter runs (the kernel, its argument types, its constexprs); `compile_for_gpus` compiles
+each one for Ampere (sm_80) and Hopper (sm_90), in the launch's dtype and, for a float16 launch,
+in bfloat16 too (which the interpreter cannot run), as far as Triton's GPU IR (ttgir, where the target's own passes run; machine code
+is left to the GPU stage). Compiling needs no GPU, but a process without TRITON_INTERPRET: it
+runs in a child process, `python tests/gpu_compile.py`, and its verdicts are cached by content.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".kata" / "cache" / "compile"
+TARGETS = {80: "Ampere (sm_80)", 90: "Hopper (sm_90)"}
+POINTER_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
+
+
+def _arg_type(value) -> str | None:
+    """Triton's signature type for a launch argument; None for a constexpr."""
+    if value is None:
+        return None
+    if hasattr(value, "dtype") and hasattr(value, "data_ptr"):
+        return "*" + POINTER_TYPES[str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"a kernel argument of type {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Within the block, every interpreted launch is appended to the list this yields."""
+    from triton.runtime.interpreter import InterpretedFunction
+    launches: list[dict] = []
+    run = InterpretedFunction.run
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        launches.append(_launch(self.fn, args, kwargs))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = recording
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = run
+
+
+def _launch(fn, args, kwargs) -> dict:
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    params = inspect.signature(fn).parameters
+    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in options})
+    bound.apply_defaults()
+    signature, constexprs = {}, {}
+    for name, param in params.items():
+        value = bound.arguments[name]
+        kind = None if "constexpr" in str(param.annotation) else _arg_type(value)
+        signature[name] = kind or "constexpr"
+        if kind is None:
+            constexprs[name] = value
+    return dict(file=inspect.getsourcefile(fn), module=fn.__module__, name=fn.__name__, signature=signature,
+                constexprs=constexprs, options=options)
+
+
+def _variants(launch: dict) -> list[tuple[str, dict]]:
+    """(dtype, launch) pairs: as launched, and a float16 launch again in bfloat16."""
+    types = set(launch["signature"].values())
+    dtype = "float16" if "*fp16" in types else "float32" if "*fp32" in types else "integer"
+    out = [(dtype, launch)]
+    if dtype == "float16":
+        as_bf16 = {k: "*bf16" if v == "*fp16" else v for k, v in launch["signature"].items()}
+        out.append(("bfloat16", dict(launch, signature=as_bf16)))
+    return out
+
+
+def _key(job: dict) -> str:
+    import triton
+    sources = [Path(job["launch"]["file"]).read_bytes(), *(p.read_bytes() for p in sorted((ROOT / "kata" / "given").glob("*.py")))]
+    text = json.dumps(job, sort_keys=True).encode() + triton.__version__.encode() + b"".join(sources)
+    return hashlib.sha256(text).hexdigest()
+
+
+def compile_for_gpus(launches: list[dict]) -> list[str]:
+    """What compiled Triton refuses among `launches`: one line per kernel and reason, naming the
+    targets and dtypes it fails for."""
+    jobs = {json.dumps(dict(launch=variant, dtype=dtype, target=cap), sort_keys=True): None
+            for launch in launches for dtype, variant in _variants(launch) for cap in TARGETS}
+    jobs = [json.loads(j) for j in jobs]
+    keys = [_key(job) for job in jobs]
+    verdicts = {key: json.loads((CACHE / f"{key}.json").read_text()) for key in keys
+                if (CACHE / f"{key}.json").is_file()}
+    todo = [(key, job) for key, job in zip(keys, jobs) if key not in verdicts]
+    if todo:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, __file__], input=json.dumps([job for _, job in todo]),
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"the compile check itself failed:\n{done.stderr[-2000:]}")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        for (key, _), verdict in zip(todo, json.loads(done.stdout.splitlines()[-1])):
+            (CACHE / f"{key}.json").write_text(json.dumps(verdict))
+            verdicts[key] = verdict
+    failing: dict[str, tuple[set, set]] = {}
+    for key, job in zip(keys, jobs):
+        if verdicts[key]:
+            targets, dtypes = failing.setdefault(verdicts[key], (set(), set()))
+            targets.add(TARGETS[job["target"]])
+            dtypes.add(job["dtype"])
+    return [f"{why} (on {' and '.join(sorted(t))}, in {', '.join(sorted(d))})" for why, (t, d) in failing.items()]
+
+
+def _module(launch: dict):
+    """The kernel's module, loaded as the tests load it (an exercise file) or imported (the kata's)."""
+    if launch["module"] in sys.modules:
+        return sys.modules[launch["module"]]
+    if launch["module"].startswith("kata."):
+        return importlib.import_module(launch["module"])
+    spec = importlib.util.spec_from_file_location(launch["module"], launch["file"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[launch["module"]] = module  # Triton looks the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile(job: dict) -> str:
+    """'' when the launch compiles to ttgir for its target, else why not, in a learner's words."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    launch = job["launch"]
+    kernel = getattr(_module(launch), launch["name"])
+    target = GPUTarget("cuda", job["target"], 32)
+    backend = make_backend(target)
+    options = backend.parse_options(dict(launch["options"]))
+    stages: dict = {}
+    backend.add_stages(stages, options, ASTSource(kernel, launch["signature"]).language)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    try:
+        source = ASTSource(kernel, launch["signature"], launch["constexprs"])
+        module = source.make_ir(target, options, backend.get_codegen_implementation(options),
+                                backend.get_module_map(), context)
+        for stage in ("ttir", "ttgir"):
+            module = stages[stage](module, {})
+    except Exception as error:
+        return f"{launch['name']}: {_explain(error, launch['file'])}"
+    return ""
+
+
+def _explain(error: Exception, path: str) -> str:
+    """Where and why, from the innermost CompilationError: a kernel's error is raised again at
+    each call site above it, and the first raise names the line that compiled Triton refused."""
+    from triton.compiler.errors import CompilationError
+    chain = [error]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    inner = next((e for e in reversed(chain) if isinstance(e, CompilationError) and e.src), None)
+    complaint = str(next((e for e in reversed(chain) if not isinstance(e, CompilationError)), chain[-1]))
+    if inner is not None and inner.error_message:
+        complaint = inner.error_message
+    complaint = complaint.strip().splitlines()[-1] if complaint.strip() else type(error).__name__
+    if (name := re.search(r"Cannot access global variable (\w+)", complaint)):
+        complaint = (f"the kernel reads the module global {name.group(1)}, which compiled Triton refuses; "
+                     f"write the number itself, or pass it in as an argument")
+    if inner is None or not hasattr(inner.node, "lineno"):
+        return complaint
+    line = inner.src.split("\n")[inner.node.lineno - 1].strip()
+    return f"{_where(inner.src, inner.node.lineno, path)}: `{line}`: {complaint}"
+
+
+def _where(src: str, lineno: int, path: str) -> str:
+    """file:line of line `lineno` of the function whose source is `src`, in the kernel's file or the
+    given library it calls into."""
+    for candidate in [Path(path), *sorted((ROOT / "kata" / "given").glob("*.py"))]:
+        text = candidate.read_text(encoding="utf-8")
+        if (at := text.find(src.split("\n")[0])) >= 0:
+            rel = candidate.relative_to(ROOT) if candidate.is_relative_to(ROOT) else candidate
+            return f"{rel}:{text.count(chr(10), 0, at) + lineno}"
+    return f"line {lineno} of the kernel"
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    print(json.dumps([_compile(job) for job in json.loads(sys.stdin.read())]))
+
+
+if __name__ == "__main__":
+    main()
