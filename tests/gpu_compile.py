@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -109,13 +110,9 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
                 if (CACHE / f"{key}.json").is_file()}
     todo = [(key, job) for key, job in zip(keys, jobs) if key not in verdicts]
     if todo:
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        done = subprocess.run([sys.executable, __file__], input=json.dumps([job for _, job in todo]),
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"the compile check itself failed:\n{done.stderr[-2000:]}")
+        found = _compile_elsewhere([job for _, job in todo])
         CACHE.mkdir(parents=True, exist_ok=True)
-        for (key, _), verdict in zip(todo, json.loads(done.stdout.splitlines()[-1])):
+        for (key, _), verdict in zip(todo, found):
             (CACHE / f"{key}.json").write_text(json.dumps(verdict))
             verdicts[key] = verdict
     failing: dict[str, tuple[set, set]] = {}
@@ -125,6 +122,54 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
             targets.add(TARGETS[job["target"]])
             dtypes.add(job["dtype"])
     return [f"{why} (on {' and '.join(sorted(t))}, in {', '.join(sorted(d))})" for why, (t, d) in failing.items()]
+
+
+_compiler = None  # the connection to the forked compiling process, once start_compiler has run
+
+
+def start_compiler() -> None:
+    """Fork the process that compiles, now: before Triton loads in interpreter mode, whose patches
+    of triton.language a later fork would inherit, and after torch loads, which it then shares."""
+    global _compiler
+    if not hasattr(os, "fork") or "triton" in sys.modules:
+        return
+    parent, child = multiprocessing.Pipe()
+    if os.fork() == 0:
+        parent.close()
+        _serve(child)
+    child.close()
+    _compiler = parent
+
+
+def _serve(connection) -> None:
+    """The forked process: compile each list of jobs it is sent, until the tests' process ends."""
+    try:
+        while True:
+            jobs = connection.recv()
+            try:
+                connection.send({"verdicts": [_compile(job) for job in jobs]})
+            except Exception as error:  # the check's own fault, said in the tests' process
+                connection.send({"error": f"{type(error).__name__}: {error}"})
+    except (EOFError, OSError):
+        pass
+    finally:
+        os._exit(0)  # none of pytest's exit handlers: they belong to the tests' process
+
+
+def _compile_elsewhere(jobs: list[dict]) -> list[str]:
+    """_compile for each job in a process where Triton runs compiled: the forked one, else a new one."""
+    if _compiler is not None:
+        _compiler.send(jobs)
+        out = _compiler.recv()
+        if "error" in out:
+            raise RuntimeError(f"the compile check itself failed: {out['error']}")
+        return out["verdicts"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__], input=json.dumps(jobs), capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the compile check itself failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _module(launch: dict):

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from checks import assert_close, assert_unmodified
-from gpu_compile import compile_for_gpus, record_launches
+from gpu_compile import compile_for_gpus, record_launches, start_compiler
 from kata.gpu import bf16_missing, gpu_skip_reason
 from oracles_torch import attention
 
 if not torch.cuda.is_available():
+    start_compiler()  # before Triton loads interpreted: the compile check's process runs it compiled
     os.environ["TRITON_INTERPRET"] = "1"  # read when an exercise's @triton.jit runs: set it first
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
