@@ -25,6 +25,8 @@ WHOLE_ROW = ("D_i sums over ALL the keys of row i: rowsum(dO ∘ O), not rowsum(
              "dK_j, dV_j gather every query block of key block j, dQ_i every key block of query block i")
 MASKED_ROW = ("a fully masked row (lse = -inf, all its scores -inf) has P = 0: subtract 0, not -inf; its dq row "
               "is exactly 0 and it adds nothing to dk and dv")
+MASKED_PAIR = ("a pair that may not attend has the score -inf, so P = exp(-inf - lse) = 0 whatever lse is; "
+               "a finite fill (-1e9) is not below every live score: live scores may hold any finite value")
 SCALE = "scores are scale · q kᵀ; scale defaults to 1/sqrt(d) only when it is None (0.0 is a scale)"
 ORDER = ("FlashAttention-2's order: key blocks outside, ascending, each read in one stretch while dK_j and "
          "dV_j gather the tiles of its query blocks (then written once); query blocks inside")
@@ -163,10 +165,12 @@ def check_softmax_backward(ex, x, dp, dtype, label, convention=SOFTMAX_BACKWARD)
 
 
 @DTYPES
-@pytest.mark.parametrize("shape", [(4, 6), (1, 1), (2, 3, 5), (6, 4)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(4, 6), (1, 1), (2, 3, 5), (6, 4), (7,), (1,)], ids=lambda s: "x".join(map(str, s)))
 def test_softmax_backward_matches_autograd(ex, rng, shape, dtype):
     """D summed over the wrong axis (columns, or the whole array), D not kept as a column (a square
-    input hides the broadcast), the factor p left out of dp − D, or float32 turned into float64."""
+    input hides the broadcast), the factor p left out of dp − D, or float32 turned into float64;
+    a single row (1-D) refused or summed wrongly: an einsum over '...ij', or axis 1 named where the
+    last axis is meant."""
     x = 2 * rng.standard_normal(shape)
     check_softmax_backward(ex, x, rng.standard_normal(shape), dtype, "random rows")
 
@@ -283,6 +287,22 @@ def test_huge_score_ranges(ex, rng, blocks, causal):
                  label="scores 1e4 apart")
 
 
+@CAUSAL
+@FUNCTIONS
+def test_rows_whose_live_scores_are_all_far_below_zero(ex, rng, blocks, causal):
+    """Masked scores filled with a finite number (-1e9, -1e4, -50) instead of -inf: harmless while
+    some live score lies above it, but a row whose every live score is lower (-1e10 here, scores
+    may hold any finite value) gives its masked pairs exp(fill - lse) = exp(+huge) = inf, and NaN."""
+    n_q, n_k, scale = 9, 10, 0.5
+    q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
+    row_offset = np.array([-1e10, 0, -1e4, -1e6, -1e10, -60, -3e4, 0, -1e10])
+    q, k = with_offsets(q, k, row_offset, np.zeros(n_k), scale)
+    mask = rng.random((n_q, n_k)) < 0.6
+    mask[:, 0] = True
+    run_backward(ex, q, k, v, random_do(rng, n_q, 5), blocks, causal=causal, mask=mask, scale=scale,
+                 label="rows' scores offset by " + ", ".join(f"{o:g}" for o in row_offset), convention=MASKED_PAIR)
+
+
 @FUNCTIONS
 @pytest.mark.parametrize("scale", [None, 0.1, 3.0, 0.0], ids=["default", "0.1", "3.0", "0.0"])
 def test_scale(ex, rng, blocks, scale):
@@ -351,25 +371,11 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
                              f"in tile ({i}, {j}), where every pair may attend\n  convention: {NEEDS_MASK}")
 
 
-@pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", ORDER_CASES,
-                         ids=[case_id(c[4], nq=c[0], nk=c[1], bq=c[2], bk=c[3]) + ("-mask" if c[5] else "")
-                              for c in ORDER_CASES])
-def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked):
-    """Query blocks in the outer loop (exercise 04's order, each dK_j gathered across the whole walk),
-    or one read of k or v spanning several key blocks.
-
-    The SPEC fixes FlashAttention-2's order, so another order is a bug here, not a style: the order
-    is what keeps dK_j and dV_j on chip. (FlashAttention's own Algorithm 4 has it too.) k and v arrive
-    watched (tests/spies.py, `watch`): each NumPy operation on them records the rows it read. Each
-    read must lie in one key block, and the key blocks read, in order, must be the scheduled ones,
-    ascending, each in one stretch. Code that hides its reads (np.asarray(k) hands back a plain array)
-    cannot be checked here: the test is then reported skipped, with that reason.
-    """
+def check_key_block_order(ex, rng, n_q, n_k, block_q, block_k, causal, mask):
+    """Run the tiled pass on watched k and v and hold the key blocks it read to the scheduled ones,
+    ascending, each in one stretch; skip when the reads cannot be watched."""
+    __tracebackhide__ = True
     q, k, v = random_qkv(rng, n_q, n_k, 8, 5)
-    mask = None
-    if masked:
-        mask = rng.random((n_q, n_k)) < 0.5
-        mask[:, block_k:2 * block_k] = False  # key block 1 is never scheduled
     allowed = allowed_pairs(n_q, n_k, causal, mask)
     o, lse = forward(q, k, v, allowed)
     live = allowed.any(axis=0)
@@ -378,7 +384,7 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
     ex.tiled_attention_backward(q, k_seen, v_seen, o, lse, random_do(rng, n_q, 5), block_q, block_k,
                                 causal=causal, mask=mask)
     what = (f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, "
-            f"block_q={block_q}, block_k={block_k}, causal={causal}{', mask' if masked else ''})")
+            f"block_q={block_q}, block_k={block_k}, causal={causal}{'' if mask is None else ', mask'})")
     if not k_seen.log and not v_seen.log:
         pytest.skip("k and v were converted (np.asarray, np.array, ...): their reads cannot be watched, so the "
                     "loop order is not checked")
@@ -397,28 +403,73 @@ def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked)
                                  f"  convention: {ORDER}")
 
 
-def test_no_n_by_n_array(ex, rng):
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k, causal, masked", ORDER_CASES,
+                         ids=[case_id(c[4], nq=c[0], nk=c[1], bq=c[2], bk=c[3]) + ("-mask" if c[5] else "")
+                              for c in ORDER_CASES])
+def test_key_blocks_outside(ex, rng, n_q, n_k, block_q, block_k, causal, masked):
+    """Query blocks in the outer loop (exercise 04's order, each dK_j gathered across the whole walk),
+    or one read of k or v spanning several key blocks.
+
+    The SPEC fixes FlashAttention-2's order, so another order is a bug here, not a style: the order
+    is what keeps dK_j and dV_j on chip. (FlashAttention's own Algorithm 4 has it too.) k and v arrive
+    watched (tests/spies.py, `watch`): each NumPy operation on them records the rows it read. Each
+    read must lie in one key block, and the key blocks read, in order, must be the scheduled ones,
+    ascending, each in one stretch. Code that hides its reads (np.asarray(k) hands back a plain array)
+    cannot be checked here: the test is then reported skipped, with that reason.
+    """
+    mask = None
+    if masked:
+        mask = rng.random((n_q, n_k)) < 0.5
+        mask[:, block_k:2 * block_k] = False  # key block 1 is never scheduled
+    check_key_block_order(ex, rng, n_q, n_k, block_q, block_k, causal, mask)
+
+
+def test_key_blocks_ascending_whatever_the_schedule_lists_first(ex, rng):
+    """Key blocks walked in any order but ascending: in the order the schedule first lists them, by
+    how many tiles each has, descending. Here the first query block meets only key block 2, the
+    second key blocks 0 and 3, so the schedule lists key blocks 2, 0, 3, 1 first, with 1, 2, 3, 2
+    tiles (query blocks meeting key block j: {1, 2}, {2, 3}, {0}, {1, 2, 3})."""
+    n_q, n_k, block_q, block_k = 8, 12, 2, 3
+    meets = {0: [2], 1: [0, 3], 2: [0, 1, 3], 3: [1, 3]}  # query block -> the key blocks it meets
+    mask = np.zeros((n_q, n_k), bool)
+    for i, key_blocks in meets.items():
+        for j in key_blocks:
+            tile = rng.random((block_q, block_k)) < 0.6
+            tile[0, 0] = True  # every listed tile stays scheduled
+            mask[i * block_q:(i + 1) * block_q, j * block_k:(j + 1) * block_k] = tile
+    check_key_block_order(ex, rng, n_q, n_k, block_q, block_k, False, mask)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "causal-mask"])
+def test_no_n_by_n_array(ex, rng, masked):
     """P, dP or dS built for all pairs at once (or a dense n_q × n_k mask), for instance by calling the
-    dense attention_backward: the tiled pass must hold one tile at a time.
+    dense attention_backward: the tiled pass must hold one tile at a time. With an explicit mask: the
+    allowed pairs of the whole grid built once (tile_allowed over every pair, np.where(mask, 0, -inf),
+    a copy of the mask) and cut into tiles later. The mask itself is an input, and not counted.
 
     n_q = n_k = 2048, d = 8, blocks of 64, causal: one float64 2048 × 2048 array is 32 MiB (a bool one
     4 MiB), while the outputs, D and a few 64 × 64 tiles take under 1 MiB. tracemalloc sees NumPy's
     allocations; the peak during the call (inputs not counted) must stay under 2 MiB. The keys are 0, so every score is 0
-    and the forward is known in closed form: query i weighs keys 0..i alike, lse_i = log(i + 1).
+    and the forward is known in closed form: query i weighs its allowed keys alike, lse_i = log(their count).
     """
     n, d, block = 2048, 8, 64
     q, v, do = (rng.standard_normal((n, d)) for _ in range(3))
     k = np.zeros((n, d))
-    o = np.cumsum(v, axis=0) / np.arange(1, n + 1)[:, None]
-    lse = np.log(np.arange(1, n + 1.0))
+    mask = rng.random((n, n)) < 0.9 if masked else None
+    allowed = allowed_pairs(n, n, causal=True, mask=mask)
+    count = allowed.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a row with no allowed key: o = 0, lse = -inf
+        o = np.where(count[:, None] > 0, (allowed @ v) / count[:, None], 0.0)
+        lse = np.log(count.astype(float))
     limit = n * n * 8 // 16
     tracemalloc.start()
     try:
-        ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True)
+        ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True, mask=mask)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < limit, (
         f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block}, "
-        f"block_k={block}, causal=True): {peak / 2**20:.1f} MiB allocated at the peak, expected under "
-        f"{limit / 2**20:.0f} MiB (one {n} × {n} float64 array is {n * n * 8 / 2**20:.0f} MiB)\n  convention: {NO_SQUARE}")
+        f"block_k={block}, causal=True{', mask (2048, 2048) bool' if masked else ''}): {peak / 2**20:.1f} MiB "
+        f"allocated at the peak, expected under {limit / 2**20:.0f} MiB (one {n} × {n} float64 array is "
+        f"{n * n * 8 / 2**20:.0f} MiB, a bool one {n * n / 2**20:.0f} MiB)\n  convention: {NO_SQUARE}")

@@ -3,8 +3,8 @@
 Every run happens in an HBM whose SRAM holds what the lesson keeps live at once: for FlashAttention
 one key block's K, V, dK, dV beside one query block's tiles; for standard attention one block of
 full rows of P, dP and dS (kernel 3) or one tile. Counts are checked array by array against
-numbers this file derives by hand (blocks counted, causal tiles found by testing every (query,
-key) pair); gradients against the dense float64 formulas below. mutants/08_backward_io.toml holds
+numbers this file derives by hand (blocks counted, a causal tile kept iff its first key comes
+no later than its last query, the one pair that decides whether any may attend); gradients against the dense float64 formulas below. mutants/08_backward_io.toml holds
 the bugs.
 """
 import math
@@ -53,9 +53,9 @@ def blocks(n, size):
 
 
 def scheduled_rows(n, block_q, block_k, causal):
-    """Query rows read per key block: a tile counts iff some (query, key) pair in it may attend."""
-    return [sum(len(rows) for rows in blocks(n, block_q)
-                if not causal or any(j <= i for i in rows for j in keys))
+    """Query rows read per key block: a tile counts iff some (query, key) pair in it may attend, that
+    is iff its first key j is at most its last query i (j <= i). Ranges and ints only: exact at any n."""
+    return [sum(len(rows) for rows in blocks(n, block_q) if not causal or keys[0] <= rows[-1])
             for keys in blocks(n, block_k)]
 
 
@@ -82,13 +82,25 @@ def call(name, n, d, block_q, block_k, causal, scale=None):
     return f"{name}(hbm with Q, K, V, dO ({n}, {d}), block_q={block_q}, block_k={block_k}{extra})"
 
 
-def run(function, rng, n, d, block_q, block_k, causal, scale=None, q_times=1.0):
-    """Run the learner's function on random Q, K, V, dO (Q scaled by `q_times`) and the forward's O,
-    L (and P for standard), in an SRAM that fits one key block and one query block's tiles.
-    Outputs start as NaN, except flash's dQ, which starts at 0 as the lesson says."""
+def offset_scores(rng, n, d, row_offset):
+    """Q, K (n, d) whose scores at the default scale 1/sqrt(d) = 1/2 (d = 4) are row_offset_i plus a
+    few sixteenths: multiples of 1/16 and integers, so every score is exact in float64 whatever the
+    order of the sums, and a tile's P equals the oracle's bit for bit even at offsets of -1e10."""
+    q, k = rng.integers(-4, 5, (2, n, d)) / 4
+    q[:, 0], k[:, 0] = 2 * np.asarray(row_offset, float), 1.0
+    return q, k
+
+
+def run(function, rng, n, d, block_q, block_k, causal, scale=None, q_times=1.0, row_offset=None):
+    """Run the learner's function on random Q, K, V, dO (Q scaled by `q_times`; with `row_offset`,
+    Q and K from offset_scores) and the forward's O, L (and P for standard), in an SRAM that fits
+    one key block and one query block's tiles. Outputs start as NaN, except flash's dQ, which
+    starts at 0 as the lesson says."""
     __tracebackhide__ = True
     q, k, v, do = rng.standard_normal((4, n, d))
     q = q_times * q
+    if row_offset is not None:
+        q, k = offset_scores(rng, n, d, row_offset)
     expected = oracle(q, k, v, do, causal, scale)
     standard = function.__name__ == "standard_attention_backward"
     if standard:  # kernel 3's full rows of P, dP and dS, or a tile with its K, V, Q or dO rows
@@ -186,6 +198,18 @@ def test_flash_survives_huge_scores(ex, rng):
     check_outputs(hbm, {name: (expected[name], rule) for name in ("dQ", "dK", "dV")}, what + " with Q times 300")
 
 
+def test_flash_rows_whose_live_scores_are_all_far_below_zero(ex, rng):
+    """Masked scores filled with a finite number (-1e4, -1e9, -50) instead of -inf: harmless while a
+    row keeps a live score above it, but rows whose live scores all lie near -3e4 or -1e10 (scores may
+    hold any finite value) give their masked pairs exp(fill - L) = exp(+huge) = inf, and NaN."""
+    n, d, block_q, block_k = 24, 4, 4, 6
+    row_offset = np.resize([-1e10, 0.0, -3e4, -1e6, -60.0, -1e10], n)
+    hbm, expected, what = run(ex.flash_attention_backward, rng, n, d, block_q, block_k, True, row_offset=row_offset)
+    rule = "a pair that may not attend has the score -inf, so P = 0 whatever L is; a finite fill is not below every live score"
+    check_outputs(hbm, {name: (expected[name], rule) for name in ("dQ", "dK", "dV")},
+                  what + ", rows' scores offset by -1e10, 0, -3e4, -1e6, -60, -1e10 in turn")
+
+
 # ---- both ---------------------------------------------------------------------------------------
 
 @ALGORITHMS
@@ -233,6 +257,26 @@ def test_closed_forms_match_the_hand_count(ex, n, d, block_q, block_k, causal):
     check_closed_forms(ex, {"standard_backward_io": totals(standard_moves(n, d, block_q, block_k)),
                             "flash_backward_io": totals(flash_moves(n, d, block_q, block_k, causal))},
                        n, d, block_q, block_k, causal)
+
+
+HUGE = [(2**60 + 3, 64, 2**56, 2**57), (2**60 + 3, 64, 2**56 + 1, 2**57)]  # (n, d, block_q, block_k)
+
+
+@EITHER
+@pytest.mark.parametrize("n, d, block_q, block_k", HUGE, ids=["bq2^56-bk2^57", "bq2^56+1-bk2^57"])
+def test_closed_forms_are_exact_ints_at_any_size(ex, n, d, block_q, block_k, causal):
+    """`/` anywhere (a float, exact only below 2^53: n² here is 2^120 + ...), math.ceil(n / block_q)
+    (the quotient rounds: (2^60 + 3) / 2^56 is 16.0, not 16 + 3/2^56), floor(start / block_q) (2^57
+    over 2^56 + 1 rounds up to 2.0) or a NumPy integer (wraps at 2^63). Counts are Python ints."""
+    check_closed_forms(ex, {"standard_backward_io": totals(standard_moves(n, d, block_q, block_k)),
+                            "flash_backward_io": totals(flash_moves(n, d, block_q, block_k, causal))},
+                       n, d, block_q, block_k, causal)
+    for name in ("standard_backward_io", "flash_backward_io"):
+        got = getattr(ex, name)(n, d, block_q, block_k, causal=causal)
+        kinds = [type(count).__name__ for count in got]
+        assert kinds == ["int", "int"], (f"{name}(2**60 + 3, {d}, {block_q}, {block_k}, causal={causal}): expected "
+                                         f"(reads, writes) as Python ints, got types {kinds}\n  convention: counts "
+                                         f"are Python ints, exact for any size: // and -(-a // b), never /")
 
 
 HAND = [  # (n, d, block_q, block_k, causal, standard (reads, writes), flash (reads, writes))

@@ -84,8 +84,8 @@ def flash_attention_backward(hbm: HBM, block_q: int, block_k: int, causal: bool 
 
 def flash_backward_io(n: int, d: int, block_q: int, block_k: int,
                       causal: bool = False) -> tuple[int, int]:
-    blocks_k = math.ceil(n / block_k)
+    blocks_k = -(-n // block_k)  # ceil in integers: n / block_k is a float, and rounds once n passes 2^53
     # Query block i meets the key blocks starting before its end: ceil(stop / block_k) of them.
-    met = sum(size(rows) * (min(math.ceil(rows.stop / block_k), blocks_k) if causal else blocks_k)
+    met = sum(size(rows) * (min(-(-rows.stop // block_k), blocks_k) if causal else blocks_k)
               for rows in blocks(n, block_q))
     return 4 * n * d + (3 * d + 2) * met, n + d * met + 2 * n * d
