@@ -34,8 +34,13 @@ Causal
     deals tokens round-robin instead.
 
 Conventions
-    - q, k, v (B, H, n_local, D) torch tensors on every rank, one dtype; o (B, H, n_local, D) and
-      lse (B, H, n_local) in that dtype. scale defaults to 1/sqrt(D). Inputs are never modified.
+    - q, k, v (B, H, n_local, D) torch tensors on every rank, one dtype, any strides (a model's
+      (B, n, H, D) projections seen through .transpose(1, 2)); o (B, H, n_local, D) and lse
+      (B, H, n_local) in that dtype. scale defaults to 1/sqrt(D). Inputs are never modified.
+    - o and lse are carried across the ring in float32 (float64 for float64 inputs), the dtype
+      local_attention returns, and cast to the inputs' dtype once at the end: in bfloat16 each
+      merge would round again, and the error would grow with the world.
+    - gloo sends only contiguous tensors: a strided shard is copied once before it travels.
     - `group` is the ring (None: every process). ring_neighbours(group) (given) says this rank's
       place in it and its neighbours as global ranks, which isend, irecv and P2POp take.
     - A side with no keys is (0, -inf), the identity of the merge; never NaN.
@@ -58,7 +63,10 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     q (B, H, n_q, D), k (B, H, n_k, D), v (B, H, n_k, D_v); causal: top-left within the shards
     (the diagonal step). Returns o (B, H, n_q, D_v) and lse (B, H, n_q); no live key: (0, -inf).
+    Computed and returned in float32, or float64 for float64 inputs: o normalised by a bfloat16
+    lse, and merged in bfloat16, would carry a rounding of 2^-8 into every step of the ring.
     """
+    q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = scale * (q @ k.transpose(-1, -2))
     if causal:
@@ -99,5 +107,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     # TODO: ring_neighbours(group) gives your place; start from the merge's identity. Each of the
     #       world steps: unless it is the last, start sending the held K/V shard to send_to and
     #       receiving the next from recv_from; attend the held shard with local_attention unless
-    #       causal skips it, and merge; then wait for the transfers and hold what came in.
+    #       causal skips it, and merge; then wait for the transfers and hold what came in. Carry
+    #       o and lse in local_attention's dtype, cast once at the end; send contiguous tensors.
     raise NotImplementedError("ring_attention: replace this line with your code")

@@ -13,8 +13,8 @@ from checks import assert_close
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
-                            call, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
+from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
+                            call, kv_in_layouts, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
                             poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
                             tolerance, visible)
 
@@ -53,6 +53,15 @@ def test_ragged_shapes_match_oracle(ex, rng, shape):
     check(ex, randn(rng, B, H, n_q, D), randn(rng, B, H, n_k, D), randn(rng, B, H, n_k, D),
           convention="rescale acc and l by exp2(m - m_new) whenever m grows; "
                      "mask keys past n_k in the ragged last tile")
+
+
+@pytest.mark.parametrize("cached", KV_LAYOUTS.values(), ids=KV_LAYOUTS)
+def test_k_and_v_in_different_layouts(ex, rng, cached):
+    """V read with K's strides (or K with V's), or rows stepped by HEAD_DIM as if each head's rows
+    were dense: one of k, v is a (B, n, H, D) cache seen as (B, H, n, D), the other contiguous."""
+    q = randn(rng, 2, 3, 20, 16)
+    k, v = kv_in_layouts(rng, 2, 3, 29, 16, cached)
+    check(ex, q, k, v, convention="read k and v each with its own strides")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)

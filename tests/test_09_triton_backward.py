@@ -15,7 +15,7 @@ from checks import assert_close, assert_unmodified
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, check_compiles_for_gpus, gpu,  # noqa: E402
+from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, call, kv_in_layouts, check_compiles_for_gpus, gpu,  # noqa: E402
                             interpreted_only, masked_tiles, poison_unattended_keys, record_stages, randn, shape_id, skip_unless_supported, small_qk, tolerance)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
@@ -149,6 +149,15 @@ def test_non_contiguous_inputs_and_gradient(ex, rng):
     q, k, v = (randn(rng, 2, n, 3, 16).transpose(1, 2) for n in (37, 29, 29))
     do = randn(rng, 37, 3, 2, 16).permute(2, 1, 0, 3)
     check(ex, q, k, v, do, causal=True, convention="read each tensor with its own strides")
+
+
+@pytest.mark.parametrize("cached", KV_LAYOUTS.values(), ids=KV_LAYOUTS)
+def test_k_and_v_in_different_layouts(ex, rng, cached):
+    """V read with K's strides, or dV stored with dK's (autograd's dk and dv are made like k and v,
+    so they differ here too): one of k, v is a (B, n, H, D) cache seen as (B, H, n, D), the other contiguous."""
+    q, do = randn(rng, 2, 3, 37, 16), randn(rng, 2, 3, 37, 16)
+    k, v = kv_in_layouts(rng, 2, 3, 29, 16, cached)
+    check(ex, q, k, v, do, convention="read k and v, and write dk and dv, each with its own strides")
 
 
 def test_matches_torch_sdpa_gradients(ex, rng):

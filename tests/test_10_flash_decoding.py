@@ -15,8 +15,8 @@ from checks import assert_close
 torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch")
 from oracles_torch import attention  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS, call,  # noqa: E402
-                            check_compiles_for_gpus, check_forward, gpu, interpreted_only, masked_tiles,
+from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
+                            call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
                             poison_padding, poisoned_buffers, randn, record_stages,  # noqa: F401 (a fixture)
                             skip_unless_supported, tolerance, visible)
 
@@ -129,9 +129,28 @@ def test_merge_kernel_applies_03_rule(ex, rng, num_splits):
     empty[0, 0, 0] = True  # one row with every split empty
     lse_part = lse_part.masked_fill(empty, -math.inf)
     o_part = o_part.masked_fill(empty[..., None], math.nan)  # an empty split's o must not matter
+    check_merge(ex, o_part, lse_part, "~30% of splits empty")
+
+
+# Splits the merge kernel takes a block at a time (BLOCK_S is at most 32): 40 and 70 need 2 and 3 blocks.
+@pytest.mark.parametrize("num_splits", [40, 70], ids=["splits40", "splits70"])
+def test_merge_max_spans_every_block_of_splits(ex, rng, num_splits):
+    """The max pass over the first block of splits only: a split past it, 200 above the others,
+    then weighs exp(200) = inf in float32, and o = inf / inf."""
+    B, H, n_q, D = 1, 2, 2, 16
+    o_part = randn(rng, B, H, n_q, num_splits, D)
+    lse_part = randn(rng, B, H, n_q, num_splits) * 3
+    hot = torch.from_numpy(rng.integers(32, num_splits, size=(B, H, n_q, 1))).to(DEVICE)
+    lse_part = lse_part.scatter_add(-1, hot, torch.full(hot.shape, 200.0, device=DEVICE))
+    check_merge(ex, o_part, lse_part, f"one split per row at {hot.flatten().tolist()} 200 above the rest")
+
+
+def check_merge(ex, o_part, lse_part, note):
+    """merge_splits(o_part, lse_part) against exercise 03's merge in float64."""
+    __tracebackhide__ = True
     o, lse = call(ex.merge_splits, o_part, lse_part)
     o_ref, lse_ref = merge_oracle(o_part, lse_part)
-    what = f"merge_splits(o_part {tuple(o_part.shape)}, lse_part {tuple(lse_part.shape)}, ~30% of splits empty)"
+    what = f"merge_splits(o_part {tuple(o_part.shape)}, lse_part {tuple(lse_part.shape)}, {note})"
     tol = tolerance(torch.float32)
     assert_close(lse.double().cpu().numpy(), lse_ref.cpu().numpy(), what=f"{what}: lse (row = b, h)",
                  rtol=tol, atol=tol, convention=MERGE)
@@ -146,6 +165,15 @@ def test_strided_cache_and_transposed_queries(ex, rng):
     q = randn(rng, B, n_q, H_q, D).transpose(1, 2)
     k, v = (randn(rng, B, H_kv, 48, D)[:, :, :n_k] for _ in range(2))
     check(ex, q, k, v, num_splits=2, convention="index q, k and v with their strides")
+
+
+@pytest.mark.parametrize("cached", KV_LAYOUTS.values(), ids=KV_LAYOUTS)
+def test_k_and_v_in_different_layouts(ex, rng, cached):
+    """V read with K's strides (or K with V's), or rows stepped by HEAD_DIM as if each head's cache
+    were dense: one of k, v is a (B, n, H_kv, D) cache seen as (B, H_kv, n, D), the other contiguous."""
+    q = randn(rng, 2, 4, 3, 16)
+    k, v = kv_in_layouts(rng, 2, 2, 45, 16, cached)
+    check(ex, q, k, v, num_splits=2, convention="index k and v each with its own strides")
 
 
 @pytest.mark.parametrize("D", [8, 24])

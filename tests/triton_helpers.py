@@ -37,6 +37,11 @@ PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
 # any power-of-two tile size up to 256: such keys may hold NaN.
 UNREAD_FROM = 256
 
+# K and V in different layouts, by which of them is a (B, n, H, D) cache seen through .transpose(1, 2)
+# (the other contiguous): a kernel that reads one with the other's strides, or steps rows by HEAD_DIM
+# as if each head's rows were dense, reads the wrong rows.
+KV_LAYOUTS = {"k-cache-v-contiguous": (True, False), "k-contiguous-v-cache": (False, True)}
+
 # Inputs every kernel wrapper refuses with a ValueError before launching anything, given q (2, H, n_q, 16)
 # and k (2, H_kv, 7, 16): id -> (build(q, k) -> the call's keyword arguments, words the message must hold).
 WRAPPER_BAD_INPUTS = {
@@ -91,6 +96,12 @@ def call(fn, *args, **kwargs):
 def randn(rng, *shape, dtype=torch.float32):
     """Standard normal values from the test's seeded generator, on the device the tests run on."""
     return torch.from_numpy(rng.standard_normal(shape)).to(device=DEVICE, dtype=dtype)
+
+
+def kv_in_layouts(rng, B, H, n_k, D, cached):
+    """k and v (B, H, n_k, D), each a transposed (B, n_k, H, D) cache where `cached` (a KV_LAYOUTS
+    value) says, else contiguous."""
+    return [randn(rng, B, n_k, H, D).transpose(1, 2) if c else randn(rng, B, H, n_k, D) for c in cached]
 
 
 def shape_id(s):

@@ -18,7 +18,7 @@ def merge_partials(o_a, lse_a, o_b, lse_b):
 def ring_attention(q, k, v, causal=False, scale=None, group=None):
     rank, world, send_to, recv_from = ring_neighbours(group)
     o, lse = None, None
-    kv = torch.stack([k, v])
+    kv = torch.stack([k, v])  # a new tensor: contiguous whatever strides k and v have
     for step in range(world):
         if step < world - 1:
             incoming = torch.empty_like(kv)
@@ -31,4 +31,4 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
             for request in requests:
                 request.wait()
             kv = incoming
-    return o, lse
+    return o.to(q.dtype), lse.to(q.dtype)  # local_attention's partials are float32 or wider

@@ -15,14 +15,15 @@ def merge_partials(o_a, lse_a, o_b, lse_b):
 
 def ring_attention(q, k, v, causal=False, scale=None, group=None):
     rank, world, after, before = ring_neighbours(group)
-    o = q.new_zeros(*q.shape[:-1], v.shape[-1])
-    lse = q.new_full(q.shape[:-1], -math.inf)
-    held = (k, v)
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=wide)
+    lse = q.new_full(q.shape[:-1], -math.inf, dtype=wide)
+    held = (k.contiguous(), v.contiguous())
     for step in range(world):
         src = (rank + step) % world
         ops = []
         if step + 1 < world:
-            incoming = (torch.empty_like(k), torch.empty_like(v))
+            incoming = tuple(torch.empty_like(t) for t in held)  # like k, they would take its strides
             ops = dist.batch_isend_irecv(
                 [dist.P2POp(dist.isend, t, before, group) for t in held]
                 + [dist.P2POp(dist.irecv, t, after, group) for t in incoming])
@@ -34,4 +35,4 @@ def ring_attention(q, k, v, causal=False, scale=None, group=None):
             op.wait()
         if ops:
             held = incoming
-    return o, lse
+    return o.to(q.dtype), lse.to(q.dtype)

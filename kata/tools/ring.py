@@ -131,13 +131,17 @@ def _rank_main(rank, world, store, timeout, conn, fn, args):
     dist.destroy_process_group()
 
 
-def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=None, device="cpu") -> dict:
+def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=None, dtype=None, transposed=False,
+              device="cpu") -> dict:
     """One rank's part: its shards of the whole-sequence q, k, v through the exercise's ring_attention.
 
-    `groups` (lists of global ranks) splits the world into rings. Returns o and lse (NumPy, else a
-    type name), `steps` (the ring rank whose keys each local_attention call got), `in_flight` (for
-    each such call, the isends and irecvs started and not yet waited for), the numbers sent
-    and received, the numbers in one K/V shard, and which inputs came back modified.
+    `groups` (lists of global ranks) splits the world into rings. `dtype` (a torch dtype's name, e.g.
+    "bfloat16") casts the inputs to it; `transposed` gives each shard as a (B, n_local, H, D) buffer
+    seen through .transpose(1, 2), as a model's projections come. Returns o and lse (NumPy, float32
+    for bfloat16, which NumPy lacks; else a type name), `dtypes` (their torch dtypes), `steps` (the
+    ring rank whose keys each local_attention call got), `in_flight` (for each such call, the isends
+    and irecvs started and not yet waited for), the numbers sent and received, the numbers in one
+    K/V shard, and which inputs came back modified.
     """
     import torch
     import torch.distributed as dist
@@ -179,8 +183,9 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
         handles = [dist.new_group(g) for g in groups]  # every rank creates every group, in one order
         group, members = next((h, g) for h, g in zip(handles, groups) if rank in g)
     me, size = members.index(rank), len(members)
-    shards = [torch.as_tensor(a).to(device).chunk(size, dim=2) for a in (q, k, v)]
-    mine = [s[me].clone() for s in shards]
+    cast = getattr(torch, dtype) if dtype else None
+    shards = [torch.as_tensor(a).to(device, cast).chunk(size, dim=2) for a in (q, k, v)]
+    mine = [s[me].transpose(1, 2).contiguous().transpose(1, 2) if transposed else s[me].clone() for s in shards]
     before = [t.clone() for t in mine]
     steps, in_flight, step = [], [], module.local_attention
 
@@ -197,8 +202,11 @@ def ring_rank(rank, world, target, q, k, v, causal=False, scale=None, groups=Non
     out = module.ring_attention(*mine, causal=causal, scale=scale, group=group)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(f"ring_attention returned {type(out).__name__}, expected a pair (o, lse)")
-    o, lse = (t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else type(t).__name__ for t in out)
-    return dict(o=o, lse=lse, steps=steps, in_flight=in_flight, sent=counts["isend"], received=counts["irecv"],
+    plain = [t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in out]
+    o, lse = ((t.float() if t.dtype == torch.bfloat16 else t).numpy() if isinstance(t, torch.Tensor)
+              else type(t).__name__ for t in plain)
+    dtypes = [str(t.dtype).removeprefix("torch.") for t in plain if isinstance(t, torch.Tensor)]
+    return dict(o=o, lse=lse, dtypes=dtypes, steps=steps, in_flight=in_flight, sent=counts["isend"], received=counts["irecv"],
                 ring_rank=me, ring_size=size, shard=mine[1].numel() + mine[2].numel(),
                 modified=[name for name, a, b in zip("qkv", before, mine) if not torch.equal(a, b)])
 
