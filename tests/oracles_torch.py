@@ -49,24 +49,26 @@ def _attention(q, k, v, keep, causal, scale):
     return p @ v, torch.logsumexp(s, dim=-1)
 
 
-def attention(q, k, v, keep=None, causal=False, scale=None):
-    """(o, lse) of dense attention in float64, on the inputs' device.
+def attention(q, k, v, keep=None, causal=False, scale=None, dtype=torch.float64):
+    """(o, lse) of dense attention in float64, on the inputs' device; in `dtype`, PyTorch's own
+    attention in a low precision (the baseline of the precision rule).
 
     q (..., n_q, D), k and v (..., n_k, D); 4-D inputs (B, H, n, D) may have fewer kv heads than
     query heads (grouped-query attention). `keep`, broadcast to (..., n_q, n_k), is True where a
     query may attend a key; `causal` ANDs in j <= i. scale defaults to 1/sqrt(D) only when None.
     """
     with torch.no_grad():
-        return _attention(*map(_float64, (q, k, v)), keep, causal, scale)
+        return _attention(*(_float64(a).to(dtype) for a in (q, k, v)), keep, causal, scale)
 
 
 @one_thread()
-def attention_grads(q, k, v, do, keep=None, causal=False, scale=None):
-    """o and (dq, dk, dv): the gradients of sum(o ∘ do) by autograd in float64; arguments as in attention."""
-    q, k, v = (_float64(a).requires_grad_() for a in (q, k, v))
+def attention_grads(q, k, v, do, keep=None, causal=False, scale=None, dtype=torch.float64):
+    """o and (dq, dk, dv): the gradients of sum(o ∘ do) by autograd in float64 (or `dtype`);
+    arguments as in attention."""
+    q, k, v = (_float64(a).to(dtype).requires_grad_() for a in (q, k, v))
     o, _ = _attention(q, k, v, keep, causal, scale)
     # sum(o ∘ do) gives what o.backward(do) gives, which costs ~0.3 s on first use
-    (o * torch.as_tensor(do, dtype=torch.float64, device=o.device)).sum().backward()
+    (o * torch.as_tensor(do, device=o.device).to(dtype)).sum().backward()
     return o.detach(), (q.grad, k.grad, v.grad)
 
 
