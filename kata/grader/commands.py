@@ -12,6 +12,7 @@ from kata.grader.results import ExerciseResult, display_path
 from kata.grader.runner import run_exercise, run_many
 
 IO_EXERCISE = ("05", "08")  # forward, backward: once each passes, the report shows its IO table
+SPARSE_EXERCISE = "12"  # once it passes: block-sparse traffic at 64k
 
 
 def label(target: Path) -> str:
@@ -84,8 +85,8 @@ def run_bench(target: Path, argv: list[str]) -> int:
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:
-    """After 05 passes: how much the fused forward saves; after 08, forward + backward. From the
-    learner's own code."""
+    """After 05 passes: how much the fused forward saves; after 08, forward + backward; after 12,
+    what block sparsity saves at 64k. From the learner's own code."""
     forward, backward = IO_EXERCISE
     ok = {r.exercise.number: r.ok for r in results}
     if ok.get(forward):
@@ -93,6 +94,8 @@ def _io_table(results: list[ExerciseResult], target: Path) -> None:
     if ok.get(backward) and ok.get(forward, True):  # `grader.py 08` alone: 05's closed forms are tried as they are
         print("\n" + io_report.training_table(lambda: load(find(forward), target),
                                               lambda: load(find(backward), target)))
+    if ok.get(SPARSE_EXERCISE):
+        print("\n" + io_report.sparse_table(load(find(SPARSE_EXERCISE), target)))
 
 
 def _ticker(result: ExerciseResult) -> None:

@@ -1,10 +1,13 @@
-"""The IO tables printed once exercises 05 and 08 pass: the learner's closed forms at real sizes, beside the paper."""
+"""The IO tables printed once exercises 05, 08 and 12 pass: the learner's closed forms at real sizes, beside the paper."""
 from __future__ import annotations
 
 from types import ModuleType
 from typing import Callable
 
+import numpy as np
 from tabulate import tabulate
+
+from kata.given.block_mask import BlockMask
 
 D = 64  # head dimension of GPT-2 medium
 BLOCK = 128  # block_q = block_k: a 128 x 64 fp16 tile of Q, K or V is 16 KB of SRAM
@@ -111,4 +114,71 @@ def training_table(forward: Callable[[], ModuleType], backward: Callable[[], Mod
         tabulate(gpt2, ["", "standard", "FlashAttention", "std/flash"], colalign=("left", "right", "right", "right")),
         "",
         BACKWARD_SCOPE,
+    ])
+
+
+N_LONG = 65536  # the paper's longest sequences: Path-256, run with block-sparse FlashAttention (section 4.3)
+WINDOWS = (1024, 4096)
+DOC_LENGTHS = (512, 8192)  # documents packed into the sequence: random lengths in this range
+DOC_SEED = 2412  # fixed, so that the table is the same on every run
+SPARSE_SCOPE = """\
+HBM traffic of block_sparse_flash (Q, K, V, O, L in elements; fp16 MB = 2 bytes
+each): Proposition 4's Θ(Nd + N²d²M⁻¹s) counted exactly. s is the fraction of
+tiles computed; the traffic falls with it, down to the nd of Q and O. Windows
+are sliding (causal); documents are packed, causal within each, their lengths
+drawn from {lo}-{hi} with seed {seed}.""".format(lo=DOC_LENGTHS[0], hi=DOC_LENGTHS[1], seed=DOC_SEED)
+
+
+def _row_bounds(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """name -> (first, last) key each query may attend: every mask here allows one interval per row."""
+    q = np.arange(n)
+    docs = np.random.default_rng(DOC_SEED).integers(*DOC_LENGTHS, size=n // DOC_LENGTHS[0] + 1)
+    starts = np.concatenate([[0], np.cumsum(docs)])
+    doc_start = starts[np.searchsorted(starts, q, side="right") - 1]
+    bounds = {"dense": (np.zeros(n, int), np.full(n, n - 1)), "causal": (np.zeros(n, int), q)}
+    for w in WINDOWS:
+        bounds[f"window {w // 1024}k"] = (np.maximum(q - w + 1, 0), q)
+    bounds[f"{np.count_nonzero(starts < n)} documents"] = (doc_start, q)
+    return bounds
+
+
+def _tile_grids(first: np.ndarray, last: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(partial, full) tile grids of an interval mask, block row by block row: the learner's
+    block_mask asks about every pair, 4·10⁹ of them at 64k, too slow for a report."""
+    n = len(first)
+    c0 = np.arange(0, n, block)
+    c1 = np.minimum(c0 + block, n) - 1
+    partial, full = [], []
+    for start in range(0, n, block):
+        lo, hi = first[start:start + block, None], last[start:start + block, None]
+        some = ((lo <= c1) & (hi >= c0)).any(axis=0)
+        every = ((lo <= c0) & (hi >= c1)).all(axis=0)
+        partial.append(some & ~every)
+        full.append(every)
+    return np.array(partial), np.array(full)
+
+
+def sparse_table(module: ModuleType) -> str:
+    """Density and HBM traffic at n = 64k of dense, causal, sliding-window and document masks, from
+    `module`'s block_lists, density and block_sparse_io (exercise 12)."""
+    try:
+        rows = []
+        for name, (first, last) in _row_bounds(N_LONG).items():
+            partial, full = _tile_grids(first, last, BLOCK)
+            lists = [module.block_lists(grid) for grid in (partial, full, partial.T, full.T)]
+            block_mask = BlockMask(N_LONG, N_LONG, BLOCK, BLOCK, *(a for pair in lists for a in pair))
+            reads, writes = (int(c) for c in module.block_sparse_io(N_LONG, D, BLOCK, BLOCK, block_mask))
+            rows.append([name, float(module.density(block_mask)), reads, writes, (reads + writes) * BYTES_FP16 / 1e6])
+    except Exception as error:  # the learner's code: any failure means no table, not a crash
+        return (f"Block-sparse table skipped: {type(error).__name__}: {error}\n"
+                f"(it is computed with your block_lists, density and block_sparse_io)")
+    dense = rows[0][2] + rows[0][3]
+    for row in rows:
+        row.append(f"{dense / (row[2] + row[3]):.1f}x")
+    headers = ["mask", "density s", "reads", "writes", "MB", "vs dense"]
+    return "\n".join([
+        f"Block-sparse FlashAttention, one head, n = {N_LONG:,}, d = {D}, blocks of {BLOCK}",
+        "(from your block_lists, density and block_sparse_io):",
+        tabulate(rows, headers, intfmt=",", floatfmt=("", ".4f", "", "", ",.1f", ""), colalign=("left",) + ("right",) * 5),
+        SPARSE_SCOPE,
     ])

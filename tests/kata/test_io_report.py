@@ -5,7 +5,7 @@ import pytest
 
 from kata.grader import commands
 from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.tools.io_report import table, training_table
+from kata.tools.io_report import sparse_table, table, training_table
 
 WIDTH = 80  # a terminal's columns
 
@@ -95,3 +95,16 @@ def test_grader_prints_the_tables_of_the_exercises_passed(capsys, outcomes, tabl
     commands._io_table(results, SOLUTIONS_DIR)
     out = capsys.readouterr().out
     assert [t for t in ("Elements moved by one head, forward", "Backward: elements moved") if t in out] == tables
+
+
+def test_sparse_table_at_64k_from_the_closed_form():
+    """Exercise 12's table: dense reads nd + 2·T_r·nd at n = 64k (T_r = 512), causal about half,
+    every mask with the same writes nd + n, in 80 columns."""
+    text = sparse_table(solved("12")())
+    rows = {line[:16].strip(): line[16:].split() for line in text.splitlines()}
+    assert rows["dense"][:3] == ["1.0000", "4,299,161,600", "4,259,840"]
+    assert rows["causal"][0] == "0.5010" and rows["window 1k"][-1].endswith("x")
+    assert "Proposition 4" in text and max(map(len, text.splitlines())) <= WIDTH
+    broken = SimpleNamespace(block_lists=solved("12")().block_lists, density=lambda bm: 1.0,
+                             block_sparse_io=lambda *a: (_ for _ in ()).throw(NotImplementedError("stub")))
+    assert sparse_table(broken).startswith("Block-sparse table skipped: NotImplementedError: stub")

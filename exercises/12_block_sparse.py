@@ -1,0 +1,136 @@
+"""Exercise 12 — skip the tiles a mask empties.
+
+The idea
+    Exercise 04 skipped the tiles above the causal diagonal. Any mask can be cut the same way.
+    Write it as FlexAttention does (Dong et al., 2024, arXiv 2412.05496): a mask_mod(q_idx,
+    kv_idx) -> bool, called on broadcast integer index arrays, True where the query may attend the
+    key. Ask it about one tile at a time and each tile is one of three kinds: empty (no pair may
+    attend: skip it, never read its K and V), full (every pair may: compute it with no mask) or
+    partial (some pairs masked: the only tiles that pay for the mask). Causal, sliding-window and
+    document masks (packed sequences, causal within each document) leave most tiles empty or full.
+
+In the paper
+    FlashAttention (Dao et al., 2022), section 3.3: given a block mask, compute only its nonzero
+    blocks. Proposition 4: the HBM accesses fall to Θ(Nd + N²d²M⁻¹s), s the fraction of nonzero
+    blocks. Here: Q is read once and O, L written once (the Nd), and each listed tile costs its K
+    and V rows; with blocks of Θ(M/d) rows that is s·T_r·2Nd = Θ(s·N²d²/M).
+
+The layout (FlexAttention's BlockMask, kata/given/block_mask.py)
+    For query block i: kv_num_blocks[i] partial key blocks in kv_indices[i, :kv_num_blocks[i]],
+    full_kv_num_blocks[i] full ones in full_kv_indices[i, :...], both ascending; entries past a
+    count are leftovers, never read. The backward walks the same grid by key block, so the mask
+    also keeps it transposed: q_num_blocks, q_indices, full_q_num_blocks, full_q_indices.
+    density s = (partial + full tiles) / (T_r·T_c).
+
+Conventions
+    As in 03 and 04: scale defaults to 1/sqrt(d); a fully masked row gives o = 0, lse = -inf,
+    never NaN; float32 in gives float32 out. Blocks are cut at the array's end.
+
+Worked example
+    causal, n_q = n_k = 4, block_q = block_k = 2: tile (0, 0) partial, (0, 1) empty, (1, 0)
+    full, (1, 1) partial. kv_num_blocks = [1, 1], kv_indices[:, 0] = [0, 1]; full_kv_num_blocks
+    = [0, 1], full_kv_indices[1, 0] = 0. Transposed: q_num_blocks = [1, 1], q_indices[:, 0] =
+    [0, 1], full_q_num_blocks = [1, 0], full_q_indices[0, 0] = 1. density = 3/4.
+"""
+from typing import Callable
+
+import numpy as np
+
+from kata.given.block_mask import BlockMask
+from kata.given.hbm import HBM
+from kata.given.solved import solved
+
+MaskMod = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+# Exercise 03's, solved: attention over one set of keys as (o, lse), and the exact merge of two.
+attention_partial, merge_partials = solved("03").attention_partial, solved("03").merge_partials
+# Exercise 04's, solved: how many blocks cover n rows, and the rows of one (the last one cut at n).
+num_blocks, block_slice = solved("04").num_blocks, solved("04").block_slice
+
+
+def causal(q_idx: np.ndarray, kv_idx: np.ndarray) -> np.ndarray:
+    """Query i may attend key j iff j <= i (top-left aligned)."""
+    return kv_idx <= q_idx
+
+
+def tile_mask(mask_mod: MaskMod, rows: slice, cols: slice) -> np.ndarray:
+    """mask_mod asked about one tile: bool (len(rows), len(cols)), from a column and a row of indices."""
+    q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)[None, :]
+    return np.broadcast_to(mask_mod(q_idx, kv_idx), (q_idx.size, kv_idx.size))
+
+
+def sliding_window(window: int) -> MaskMod:
+    """Query i sees the `window` most recent keys: i - window < j <= i."""
+    # TODO: return a mask_mod (a function of q_idx, kv_idx) that is causal and at most window - 1 back.
+    raise NotImplementedError("sliding_window: replace this line with your code")
+
+
+def document_mask(doc_ids: np.ndarray) -> MaskMod:
+    """Packed sequences: `doc_ids (n,)` names each position's document; a query sees the keys of
+    its own document, causally."""
+    # TODO: look both indices up in doc_ids; same document AND causal.
+    raise NotImplementedError("document_mask: replace this line with your code")
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    """A pair may attend iff every mod allows it (no mods: every pair may)."""
+    # TODO: start from all True at the broadcast shape of the indices, AND in each mod.
+    raise NotImplementedError("and_masks: replace this line with your code")
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    """A pair may attend iff some mod allows it (no mods: no pair may)."""
+    # TODO: start from all False at the broadcast shape of the indices, OR in each mod.
+    raise NotImplementedError("or_masks: replace this line with your code")
+
+
+def block_lists(listed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`listed (rows, cols)` bool -> (num_blocks (rows,), indices (rows, cols)): per row, how many
+    columns are listed, and which, ascending, at the start of its row of indices."""
+    # TODO: count each row; write its listed columns, in order, at the start of its row.
+    raise NotImplementedError("block_lists: replace this line with your code")
+
+
+def block_mask(mask_mod: MaskMod, n_q: int, n_k: int, block_q: int, block_k: int) -> BlockMask:
+    """Classify every tile as empty, partial or full, asking mask_mod about one tile at a time;
+    return the lists in FlexAttention's layout, forward and transposed."""
+    # TODO: a (T_r, T_c) bool grid each for partial and full tiles, filled tile by tile
+    #       (never an n_q x n_k array); then block_lists of both, and of their transposes.
+    raise NotImplementedError("block_mask: replace this line with your code")
+
+
+def kv_blocks(block_mask: BlockMask, i: int) -> list[tuple[int, bool]]:
+    """Query block i's key blocks as (j, masked): its full blocks (masked False), then its partial
+    blocks (masked True), each ascending; j a Python int."""
+    # TODO: read each list only up to its count.
+    raise NotImplementedError("kv_blocks: replace this line with your code")
+
+
+def block_sparse_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_mask: BlockMask,
+                           mask_mod: MaskMod, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of q (n_q, d) over k (n_k, d), v (n_k, d_v) under mask_mod, computing only the
+    tiles block_mask lists. Returns o (n_q, d_v) and lse (n_q,), in the dtype of q."""
+    # TODO: per query block start from (0, -inf); per listed tile attend its keys (mask_mod's
+    #       tile only on partial ones) and merge the result in.
+    raise NotImplementedError("block_sparse_attention: replace this line with your code")
+
+
+def block_sparse_flash(hbm: HBM, block_mask: BlockMask, mask_mod: MaskMod, scale: float | None = None) -> None:
+    """05's flash_attention on hbm's Q, K, V (n, d), walking only the listed tiles: per query block
+    read Q once, the K and V rows of each listed tile, then write its rows of O (n, d) and L (n,)."""
+    # TODO: as block_sparse_attention, with every value read through hbm.read inside on-chip
+    #       blocks (one query block, one key tile at a time), O and L written once per query block.
+    raise NotImplementedError("block_sparse_flash: replace this line with your code")
+
+
+def block_sparse_io(n: int, d: int, block_q: int, block_k: int, block_mask: BlockMask) -> tuple[int, int]:
+    """(reads, writes) in elements of block_sparse_flash on Q, K, V (n, d): Python ints."""
+    # TODO: Q once; the K and V rows of every listed tile (the last key block may be short);
+    #       O and L once.
+    raise NotImplementedError("block_sparse_io: replace this line with your code")
+
+
+def density(block_mask: BlockMask) -> float:
+    """s: the fraction of the T_r x T_c tiles that are computed (partial or full)."""
+    # TODO: count the listed tiles of every query block.
+    raise NotImplementedError("density: replace this line with your code")
