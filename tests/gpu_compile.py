@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kata.unfinished import error_chain
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".kata" / "cache" / "compile"
 TARGETS = {80: "Ampere (sm_80)", 90: "Hopper (sm_90)"}
@@ -67,11 +69,11 @@ def record_launches():
 
 def _launch(fn, args, kwargs) -> dict:
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    params = inspect.signature(fn).parameters
-    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in options})
+    params = inspect.signature(fn)
+    bound = params.bind(*args, **{k: v for k, v in kwargs.items() if k not in options})
     bound.apply_defaults()
     signature, constexprs = {}, {}
-    for name, param in params.items():
+    for name, param in params.parameters.items():
         value = bound.arguments[name]
         kind = None if "constexpr" in str(param.annotation) else _arg_type(value)
         signature[name] = kind or "constexpr"
@@ -92,11 +94,19 @@ def _variants(launch: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def _key(job: dict) -> str:
-    import triton
-    sources = [Path(job["launch"]["file"]).read_bytes(), *(p.read_bytes() for p in sorted((ROOT / "kata" / "given").glob("*.py")))]
-    text = json.dumps(job, sort_keys=True).encode() + triton.__version__.encode() + b"".join(sources)
+def _key(job: dict, given: bytes) -> str:
+    """The verdict's key: the job, the kernel's file, and `given`, the digest of what it may call into."""
+    text = json.dumps(job, sort_keys=True).encode() + Path(job["launch"]["file"]).read_bytes() + given
     return hashlib.sha256(text).hexdigest()
+
+
+def _given_digest() -> bytes:
+    """The given library's sources and Triton's version: a kernel calls into the one, compiled by the other."""
+    import triton
+    digest = hashlib.sha256(triton.__version__.encode())
+    for path in sorted((ROOT / "kata" / "given").glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.digest()
 
 
 def compile_for_gpus(launches: list[dict]) -> list[str]:
@@ -105,7 +115,8 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
     jobs = {json.dumps(dict(launch=variant, dtype=dtype, target=cap), sort_keys=True): None
             for launch in launches for dtype, variant in _variants(launch) for cap in TARGETS}
     jobs = [json.loads(j) for j in jobs]
-    keys = [_key(job) for job in jobs]
+    given = _given_digest()
+    keys = [_key(job, given) for job in jobs]
     verdicts = {key: json.loads((CACHE / f"{key}.json").read_text()) for key in keys
                 if (CACHE / f"{key}.json").is_file()}
     todo = [(key, job) for key, job in zip(keys, jobs) if key not in verdicts]
@@ -197,13 +208,13 @@ def _compile(job: dict) -> str:
     target = GPUTarget("cuda", job["target"], 32)
     backend = make_backend(target)
     options = backend.parse_options(dict(launch["options"]))
+    source = ASTSource(kernel, launch["signature"], launch["constexprs"])
     stages: dict = {}
-    backend.add_stages(stages, options, ASTSource(kernel, launch["signature"]).language)
+    backend.add_stages(stages, options, source.language)
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     try:
-        source = ASTSource(kernel, launch["signature"], launch["constexprs"])
         module = source.make_ir(target, options, backend.get_codegen_implementation(options),
                                 backend.get_module_map(), context)
         # ttgir costs five times ttir: once per kernel, on the target whose passes do the most
@@ -218,9 +229,7 @@ def _explain(error: Exception, path: str) -> str:
     """Where and why, from the innermost CompilationError: a kernel's error is raised again at
     each call site above it, and the first raise names the line that compiled Triton refused."""
     from triton.compiler.errors import CompilationError
-    chain = [error]
-    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    chain = error_chain(error)
     inner = next((e for e in reversed(chain) if isinstance(e, CompilationError) and e.src), None)
     complaint = str(next((e for e in reversed(chain) if not isinstance(e, CompilationError)), chain[-1]))
     if inner is not None and inner.error_message:

@@ -15,7 +15,7 @@ def record_calls(monkeypatch, module, name, keep):
     """Replace module.name by a wrapper that appends keep(arguments by name) for each call, then calls
     through; returns the list. `keep` copies what it keeps if the caller may change it afterwards."""
     function = getattr(module, name)
-    signature = inspect.signature(function)
+    signature = inspect.signature(getattr(function, "fn", function))  # a @triton.jit function: its Python one
     calls = []
 
     def recorded(*args, **kwargs):

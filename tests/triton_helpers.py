@@ -6,7 +6,6 @@ TRITON_INTERPRET=1, which Triton reads when it loads, so the kernels run in its 
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
@@ -18,7 +17,9 @@ import torch
 from checks import assert_close, assert_unmodified
 from gpu_compile import compile_for_gpus, record_launches, start_compiler
 from kata.gpu import bf16_missing, gpu_skip_reason
+from kata.unfinished import error_chain
 from oracles_torch import attention
+from spies import record_calls
 
 if not torch.cuda.is_available():
     start_compiler()  # before Triton loads interpreted: the compile check's process runs it compiled
@@ -73,13 +74,11 @@ def stub_message(err: BaseException) -> str | None:
     The interpreter wraps the stub's NotImplementedError; the compiler rejects its `raise` statement
     with the source line, which holds the message.
     """
-    while err is not None:
-        if isinstance(err, NotImplementedError):
-            return str(err)
-        found = re.search(r'NotImplementedError\("([^"]*)"\)', str(err))
-        if found:
+    for error in error_chain(err):
+        if isinstance(error, NotImplementedError):
+            return str(error)
+        if found := re.search(r'NotImplementedError\("([^"]*)"\)', str(error)):
             return found.group(1)
-        err = err.__cause__ or err.__context__
     return None
 
 
@@ -196,22 +195,12 @@ def record_stages(monkeypatch, module, name: str) -> list[dict]:
     """Wrap the @triton.jit helper module.name so that each call, made while the interpreter runs a
     kernel as Python, appends its arguments by name: integers as ints, index vectors as NumPy
     arrays, constexprs as their values. The helper's own work goes on unchanged."""
-    helper = getattr(module, name)
-    params = inspect.signature(helper.fn).parameters
-    calls: list[dict] = []
-
     def plain(value):
         value = getattr(value, "value", value)  # a tl.constexpr
         data = getattr(getattr(value, "handle", None), "data", None)  # an interpreted tensor
         return value if data is None else (data.item() if data.size == 1 else data.copy())  # index vectors hold >= 16
 
-    def spy(*args, **kwargs):
-        bound = inspect.Signature(list(params.values())).bind(*args, **kwargs).arguments
-        calls.append({key: plain(value) for key, value in bound.items()})
-        return helper(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return calls
+    return record_calls(monkeypatch, module, name, lambda args: {key: plain(value) for key, value in args.items()})
 
 
 def masked_tiles(calls: list[dict], block: str) -> list[tuple[dict, int]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kata.exercises import find, load
 from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
+from kata.unfinished import mentions_not_implemented
 
 # How torch says that it has no kernel for these inputs on this machine: SDPA held to one backend
 # (sdpa_kernel) that refuses them reports "No available kernel" from the CUDA dispatcher and "No
@@ -68,20 +69,10 @@ def max_error(out, expected) -> float:
     return (out.float() - expected.float()).abs().max().item()
 
 
-def not_started(err: BaseException) -> bool:
-    """A stub's NotImplementedError, also wrapped: Triton's interpreter raises it as the cause of its own
-    error, its compiler quotes the stub's `raise` line."""
-    while err is not None:
-        if isinstance(err, NotImplementedError) or "NotImplementedError" in str(err):
-            return True
-        err = err.__cause__
-    return False
-
-
 def cannot_run_here(torch, err: BaseException) -> str | None:
     """The table's note when `err` says that a column cannot run on this machine, or None: a bug."""
     from triton.runtime.errors import OutOfResources
-    if not_started(err):
+    if mentions_not_implemented(err):
         return "not started"  # the learner's kernel, unfinished: a state, not a bug
     if isinstance(err, torch.cuda.OutOfMemoryError):
         return "OOM"

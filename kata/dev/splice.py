@@ -37,13 +37,12 @@ def _without_docstrings(node: ast.AST) -> str:
     node = ast.parse(ast.unparse(node)).body[0]
     for sub in ast.walk(node):
         body = getattr(sub, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if isinstance(body, list) and body and _is_docstring(body[0]):
             sub.body = body[1:] or [ast.Pass()]
     return ast.dump(node)
 
 
-def is_docstring(node: ast.stmt) -> bool:
+def _is_docstring(node: ast.stmt) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
@@ -57,7 +56,7 @@ def splice(solution: str, alternative: str, filename: str = "<alternative>") -> 
                     if isinstance(node, ast.ImportFrom) for alias in node.names}
     imports, replaced, added = [], {}, []
     for node in alt_tree.body:
-        if node is alt_tree.body[0] and is_docstring(node):
+        if node is alt_tree.body[0] and _is_docstring(node):
             continue
         start, end = _lines(node)
         text = "".join(alt_lines[start:end])

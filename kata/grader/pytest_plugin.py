@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kata.unfinished import error_chain, mentions_not_implemented
+
 MAX_LINES, MAX_CHARS, MAX_STDOUT = 12, 1500, 500  # what a learner is shown of one failure
 TIMEOUT_PREFIX = "Timeout (>"  # pytest-timeout's failure message
 
@@ -36,11 +38,6 @@ def cap(text: str, lines: int = MAX_LINES, chars: int = MAX_CHARS) -> str:
     return out + (f"\n... ({cut} more characters cut)" if cut > 0 else "")
 
 
-def mentions_not_implemented(exc: BaseException | None) -> bool:
-    """True for a stub's NotImplementedError, also wrapped (e.g. Triton compiling a `raise`)."""
-    return any(isinstance(e, NotImplementedError) or "NotImplementedError" in str(e) for e in _chain(exc))
-
-
 def message_of(exc: BaseException) -> str:
     """The test's own words: an assertion's message as is, any other error with its type."""
     if isinstance(exc, AssertionError) and str(exc):
@@ -54,25 +51,16 @@ def message_of(exc: BaseException) -> str:
         return f"the code called sys.exit({exc.code!r})"
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg}"
-    inner = _chain(exc)[-1]  # the learner's own error, not the wrapper around it
+    inner = error_chain(exc)[-1]  # the learner's own error, not the wrapper around it
     text = str(inner)
     return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
-
-
-def _chain(exc: BaseException | None) -> list[BaseException]:
-    """`exc` and the errors it wraps, outermost first (Triton's interpreter wraps the learner's)."""
-    chain = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return chain
 
 
 def learner_frames(exc: BaseException, target: Path | None) -> list[dict]:
     """The traceback's frames in the target folder's files, innermost last: where the learner's code
     went wrong, also inside an error something else wrapped."""
     frames = []
-    for error in _chain(exc):  # the outer error was raised where the call to the inner one began
+    for error in error_chain(exc):  # the outer error was raised where the call to the inner one began
         frames += [dict(path=f.filename, line=f.lineno, function=f.name, source=(f.line or "").strip())
                    for f in traceback.extract_tb(error.__traceback__)]
         if isinstance(error, SyntaxError) and error.filename:

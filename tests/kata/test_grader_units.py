@@ -8,7 +8,8 @@ import pytest
 
 from kata.grader import progress, reset, runner
 from kata.exercises import EXERCISES, ROOT, format_numbers, numbers_where
-from kata.grader.pytest_plugin import cap, mentions_not_implemented
+from kata.grader.pytest_plugin import cap
+from kata.unfinished import mentions_not_implemented
 from kata.grader.report import details, summary
 from kata.grader.results import Failure, classify
 

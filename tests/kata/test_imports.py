@@ -2,7 +2,8 @@
 
 Layers, bottom to top, each for one audience; a module imports from its own layer or below, also
 inside a function (a lazy import is still a dependency):
-    base    kata.exercises, kata.gpu, kata.given.* (the code exercises import: only kata.given itself)
+    base    kata.exercises, kata.gpu, kata.unfinished, kata.given.* (the code exercises import: only
+            kata.given itself and the exercise list)
     tools   kata.tools.*, kata.ring (the learner's tools)
     bench   kata.bench.* (the benchmarks)
     grader  kata.grader.*
@@ -20,7 +21,7 @@ from typing import NamedTuple
 from kata.exercises import ROOT
 
 LAYERS = (
-    ("base", ("kata", "kata.exercises", "kata.gpu", "kata.given", "kata.given.*")),
+    ("base", ("kata", "kata.exercises", "kata.gpu", "kata.unfinished", "kata.given", "kata.given.*")),
     ("tools", ("kata.tools", "kata.tools.*", "kata.ring")),
     ("bench", ("kata.bench", "kata.bench.*")),
     ("grader", ("kata.grader", "kata.grader.*")),
