@@ -23,6 +23,11 @@ class Exercise:
     title: str  # one line for the report
     needs_gpu: bool = False  # a GPU stage: compiled tests need CUDA; the rest runs in Triton's interpreter
     needs_torch: bool = False  # the exercise file itself works on torch tensors
+    torch_oracle: bool = False  # a NumPy exercise whose tests check it against torch's autograd
+
+    @property
+    def tests_import_torch(self) -> bool:
+        return self.needs_torch or self.torch_oracle
 
     @property
     def stem(self) -> str:
@@ -48,7 +53,7 @@ EXERCISES = [
     Exercise("04", "tiled_attention", "attention one tile at a time"),
     Exercise("05", "io_counting", "count every element moved between HBM and SRAM"),
     Exercise("06", "triton_kernel", "the fused kernel in Triton", needs_gpu=True, needs_torch=True),
-    Exercise("07", "attention_backward", "the backward pass, recomputed tile by tile"),
+    Exercise("07", "attention_backward", "the backward pass, recomputed tile by tile", torch_oracle=True),
     Exercise("08", "backward_io", "what recomputation saves"),
     Exercise("09", "triton_backward", "train with your kernel: the backward in Triton", needs_gpu=True,
              needs_torch=True),

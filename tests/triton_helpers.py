@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 
+import fast_interpreter
 from checks import assert_close, assert_unmodified
 from gpu_compile import compile_for_gpus, record_launches, start_compiler
 from kata.gpu import bf16_missing, gpu_skip_reason
@@ -24,6 +25,7 @@ from spies import record_calls
 if not torch.cuda.is_available():
     start_compiler()  # before Triton loads interpreted: the compile check's process runs it compiled
     os.environ["TRITON_INTERPRET"] = "1"  # read when an exercise's @triton.jit runs: set it first
+    fast_interpreter.install()
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"

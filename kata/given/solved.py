@@ -12,6 +12,8 @@ from types import ModuleType
 
 from kata.exercises import SOLUTIONS_DIR, Exercise, find, load
 
+PREFIX = "kata_solved"  # the module names of solved exercises: kata_solved_06_triton_kernel
+
 
 def solved(key: str) -> ModuleType:
     """Exercise `key` ("04", "06", ...) as solved in solutions/."""
@@ -20,4 +22,4 @@ def solved(key: str) -> ModuleType:
 
 @cache
 def _loaded(exercise: Exercise) -> ModuleType:
-    return load(exercise, SOLUTIONS_DIR, prefix="kata_solved")
+    return load(exercise, SOLUTIONS_DIR, prefix=PREFIX)

@@ -73,10 +73,17 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
     known = {ex.number: known_result(ex, target, timeout) for ex in exercises}
     to_run = [ex for ex in exercises if known[ex.number] is None]
     # The fork server imports torch once for all: worth it when more than one run would import it.
-    forked = launch.can_fork() and len(to_run) > 1 and any(ex.needs_torch for ex in to_run)
-    order = sorted(to_run, key=lambda ex: (-cache.last_seconds(ex, target), not ex.needs_gpu, not ex.needs_torch))
+    forked = launch.can_fork() and sum(ex.tests_import_torch for ex in to_run) > 1
+    # The slowest first: by the last run's time, else by a guess (a GPU stage, torch, the longest test file).
+    order = sorted(to_run, key=lambda ex: (-cache.last_seconds(ex, target), not ex.needs_gpu, not ex.needs_torch,
+                                           -ex.test_file.stat().st_size))
+    if forked:  # while the fork server imports torch for the first, the other workers run what needs no torch
+        plain = [ex for ex in order if not ex.tests_import_torch]
+        first = next(ex for ex in order if ex.tests_import_torch)
+        order = [first, *plain, *(ex for ex in order if ex.tests_import_torch and ex is not first)]
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked) for ex in order}
+    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked and ex.tests_import_torch)
+               for ex in order}
     results = []
     try:
         for ex in exercises:

@@ -143,19 +143,24 @@ def _row_bounds(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _tile_grids(first: np.ndarray, last: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(partial, full) tile grids of an interval mask, block row by block row: the learner's
-    block_mask asks about every pair, 4·10⁹ of them at 64k, too slow for a report."""
+    """(partial, full) tile grids of an interval mask, row i allowing keys first[i]..last[i]: the
+    learner's block_mask asks about every pair, 4·10⁹ of them at 64k, too slow for a report. A tile
+    has some pair when a row's blocks first // block .. last // block reach it (a running count of
+    interval starts and ends), and every pair when each row's wholly covered blocks include it."""
     n = len(first)
-    c0 = np.arange(0, n, block)
-    c1 = np.minimum(c0 + block, n) - 1
-    partial, full = [], []
-    for start in range(0, n, block):
-        lo, hi = first[start:start + block, None], last[start:start + block, None]
-        some = ((lo <= c1) & (hi >= c0)).any(axis=0)
-        every = ((lo <= c0) & (hi >= c1)).all(axis=0)
-        partial.append(some & ~every)
-        full.append(every)
-    return np.array(partial), np.array(full)
+    blocks = -(-n // block)
+    row_block = np.arange(n) // block
+    ends = np.zeros((blocks, blocks + 1), dtype=np.int64)
+    np.add.at(ends, (row_block, first // block), 1)
+    np.add.at(ends, (row_block, last // block + 1), -1)
+    some = np.cumsum(ends, axis=1)[:, :blocks] > 0
+    covered_from = -(-first // block)
+    covered_to = np.where(last == n - 1, blocks - 1, (last + 1) // block - 1)  # the last block may be ragged
+    starts = np.arange(0, n, block)
+    lo, hi = np.maximum.reduceat(covered_from, starts), np.minimum.reduceat(covered_to, starts)
+    column = np.arange(blocks)
+    full = (column >= lo[:, None]) & (column <= hi[:, None])
+    return some & ~full, full
 
 
 def sparse_table(module: ModuleType) -> str:
