@@ -11,6 +11,7 @@
     python grader.py --bench         time your Triton kernels (06 forward, 09 forward + backward)
     python grader.py --bench paper   the paper's Figure 2 on this GPU (09 against PyTorch attention)
     python grader.py --bench decode  split-KV decoding (10) against the GPU's copy bandwidth
+    python grader.py --bench sparse  block-sparse attention (13) against FlexAttention and dense causal
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--show", nargs="+", metavar="ARG", help="04 [n_q n_k block_q block_k]: draw your tile schedule")
     p.add_argument("--no-causal", dest="causal", action="store_false", help="--show: without the causal mask")
     p.add_argument("--bench", action="store_true", help="time the Triton kernels (06, 09; `paper`, `decode` for "
-                   "10); the arguments after it (but --solutions, --target DIR) go to the benchmark")
+                   "10, `sparse` for 13); the arguments after it (but --solutions, --target DIR) go to the benchmark")
     p.add_argument("--max-runs", type=int, help=argparse.SUPPRESS)  # --watch: stop after N rounds (tests)
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)  # --watch: seconds between looks
     argv, rest = _split_bench(argv)

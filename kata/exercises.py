@@ -60,6 +60,8 @@ EXERCISES = [
     Exercise("10", "flash_decoding", "split-KV decoding at the memory limit", needs_gpu=True, needs_torch=True),
     Exercise("11", "ring_attention", "attention across processes", needs_torch=True),
     Exercise("12", "block_sparse", "skip the tiles a mask empties"),
+    Exercise("13", "triton_block_sparse", "the kernel that visits only the listed tiles", needs_gpu=True,
+             needs_torch=True),
 ]
 
 

@@ -6,10 +6,10 @@ passes every CPU test, then fails on the rented GPU. `record_launches()` notes e
 interpreter runs (the kernel, its argument types, its constexprs); `compile_for_gpus` compiles
 each one for Ampere (sm_80) and Hopper (sm_90), in the launch's dtype and, for a float16 launch,
 in bfloat16 too (which the interpreter cannot run). Each goes as far as Triton IR (ttir), where a
-global or a dtype is refused; bfloat16 on Hopper goes on to GPU IR (ttgir), where the target's own
-passes run; machine code is left to the GPU stage. Compiling needs no GPU, but a process without
-TRITON_INTERPRET: it runs in a child process, `python tests/gpu_compile.py`, and its verdicts are
-cached by content.
+global or a dtype is refused; each kernel's first launch in bfloat16 on Hopper goes on to GPU IR
+(ttgir), where the target's own passes run; machine code is left to the GPU stage. Compiling needs
+no GPU, but a process without TRITON_INTERPRET: it runs in a child process, `python
+tests/gpu_compile.py`, and its verdicts are cached by content.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from kata.unfinished import error_chain
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".kata" / "cache" / "compile"
 TARGETS = {80: "Ampere (sm_80)", 90: "Hopper (sm_90)"}
-POINTER_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int32": "i32", "int64": "i64"}
+POINTER_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "i8", "int32": "i32", "int64": "i64"}
 
 
 def _arg_type(value) -> str | None:
@@ -79,9 +79,27 @@ def _launch(fn, args, kwargs) -> dict:
         kind = None if "constexpr" in str(param.annotation) else _arg_type(value)
         signature[name] = kind or "constexpr"
         if kind is None:
-            constexprs[name] = value
+            constexprs[name] = _jit_ref(value) if hasattr(value, "fn") and callable(value.fn) else value
     return dict(file=inspect.getsourcefile(fn), module=fn.__module__, name=fn.__name__, signature=signature,
                 constexprs=constexprs, options=options)
+
+
+def _kata_code(module: str) -> bool:
+    """Whether a module is the kata's own code (kata.given, a solved exercise), not the learner's."""
+    return module.startswith(("kata.", solved.PREFIX))
+
+
+def _jit_ref(value) -> dict:
+    """A @triton.jit function passed as a constexpr (13's mask mod), by where it is defined: a
+    launch is sent to the compiling process as JSON."""
+    return {"jit": value.fn.__name__, "module": value.fn.__module__, "file": inspect.getsourcefile(value.fn)}
+
+
+def _constexpr(value):
+    """A constexpr as recorded, with a @triton.jit function found again in its module."""
+    if isinstance(value, dict) and "jit" in value:
+        return getattr(_module(dict(module=value["module"], file=value["file"])), value["jit"])
+    return value
 
 
 def _variants(launch: dict) -> list[tuple[str, dict]]:
@@ -96,8 +114,11 @@ def _variants(launch: dict) -> list[tuple[str, dict]]:
 
 
 def _key(job: dict, given: bytes) -> str:
-    """The verdict's key: the job, the kernel's file, and `given`, the digest of what it may call into."""
-    text = json.dumps(job, sort_keys=True).encode() + Path(job["launch"]["file"]).read_bytes() + given
+    """The verdict's key: the job, the files of the kernel and of the functions it was passed, and
+    `given`, the digest of what it may call into."""
+    launch = job["launch"]
+    files = [launch["file"], *(v["file"] for v in launch["constexprs"].values() if isinstance(v, dict))]
+    text = json.dumps(job, sort_keys=True).encode() + b"".join(Path(f).read_bytes() for f in files) + given
     return hashlib.sha256(text).hexdigest()
 
 
@@ -113,12 +134,21 @@ def _given_digest() -> bytes:
 def compile_for_gpus(launches: list[dict]) -> list[str]:
     """What compiled Triton refuses among `launches`: one line per kernel and reason, naming the
     targets and dtypes it fails for."""
-    # A solved exercise's kernel (kata.given.solved) is the kata's code, not the learner's: its own
-    # exercise's check compiles it.
-    ours = [launch for launch in launches if not launch["module"].startswith(solved.PREFIX)]
+    # A kernel of the kata's own (kata.given, or a solved exercise) is not the learner's code: its own
+    # check compiles it, unless it runs a function of the learner's (13's block mask runs their mask mod).
+    ours = [launch for launch in launches if not _kata_code(launch["module"])
+            or any(isinstance(v, dict) and not _kata_code(v["module"]) for v in launch["constexprs"].values())]
     jobs = {json.dumps(dict(launch=variant, dtype=dtype, target=cap), sort_keys=True): None
             for launch in ours for dtype, variant in _variants(launch) for cap in TARGETS}
     jobs = [json.loads(j) for j in jobs]
+    # ttgir costs five times ttir: once per kernel (its first launch), in bfloat16 on Hopper, whose
+    # passes do the most; every other job stops at ttir, where a global or a dtype is refused.
+    deep = set()
+    for job in jobs:
+        name = (job["launch"]["module"], job["launch"]["name"])
+        job["ttgir"] = (job["target"], job["dtype"]) == (90, "bfloat16") and name not in deep
+        if job["ttgir"]:
+            deep.add(name)
     given = _given_digest()
     keys = [_key(job, given) for job in jobs]
     verdicts = {key: json.loads((CACHE / f"{key}.json").read_text()) for key in keys
@@ -212,7 +242,8 @@ def _compile(job: dict) -> str:
     target = GPUTarget("cuda", job["target"], 32)
     backend = make_backend(target)
     options = backend.parse_options(dict(launch["options"]))
-    source = ASTSource(kernel, launch["signature"], launch["constexprs"])
+    constexprs = {name: _constexpr(value) for name, value in launch["constexprs"].items()}
+    source = ASTSource(kernel, launch["signature"], constexprs)
     stages: dict = {}
     backend.add_stages(stages, options, source.language)
     context = ir.context()
@@ -221,15 +252,15 @@ def _compile(job: dict) -> str:
     try:
         module = source.make_ir(target, options, backend.get_codegen_implementation(options),
                                 backend.get_module_map(), context)
-        # ttgir costs five times ttir: once per kernel, on the target whose passes do the most
-        for stage in ("ttir", "ttgir") if (job["target"], job["dtype"]) == (90, "bfloat16") else ("ttir",):
+        for stage in ("ttir", "ttgir") if job["ttgir"] else ("ttir",):
             module = stages[stage](module, {})
     except Exception as error:
-        return f"{launch['name']}: {_explain(error, launch['file'])}"
+        files = [launch["file"], *(v["file"] for v in launch["constexprs"].values() if isinstance(v, dict))]
+        return f"{launch['name']}: {_explain(error, files)}"
     return ""
 
 
-def _explain(error: Exception, path: str) -> str:
+def _explain(error: Exception, paths: list[str]) -> str:
     """Where and why, from the innermost CompilationError: a kernel's error is raised again at
     each call site above it, and the first raise names the line that compiled Triton refused."""
     from triton.compiler.errors import CompilationError
@@ -245,13 +276,13 @@ def _explain(error: Exception, path: str) -> str:
     if inner is None or not hasattr(inner.node, "lineno"):
         return complaint
     line = inner.src.split("\n")[inner.node.lineno - 1].strip()
-    return f"{_where(inner.src, inner.node.lineno, path)}: `{line}`: {complaint}"
+    return f"{_where(inner.src, inner.node.lineno, paths)}: `{line}`: {complaint}"
 
 
-def _where(src: str, lineno: int, path: str) -> str:
-    """file:line of line `lineno` of the function whose source is `src`, in the kernel's file or the
-    given library it calls into."""
-    for candidate in [Path(path), *sorted((ROOT / "kata" / "given").glob("*.py"))]:
+def _where(src: str, lineno: int, paths: list[str]) -> str:
+    """file:line of line `lineno` of the function whose source is `src`, in `paths` (the kernel's
+    file, those of the functions it was passed) or the given library it calls into."""
+    for candidate in [*map(Path, paths), *sorted((ROOT / "kata" / "given").glob("*.py"))]:
         text = candidate.read_text(encoding="utf-8")
         if (at := text.find(src.split("\n")[0])) >= 0:
             rel = candidate.relative_to(ROOT) if candidate.is_relative_to(ROOT) else candidate

@@ -1,5 +1,6 @@
-"""What the benchmarks share: the GPU check, the guard around each column, timing, peak memory, and
-attention written in PyTorch (standard attention, a column itself, and the float64 oracle of the tests)."""
+"""What the benchmarks share: the GPU check, the guard around each column, timing (a column checked,
+then timed, alone or with its backward), peak memory, the plot's import, and attention written in
+PyTorch (standard attention, a column itself, and the float64 oracle of the tests)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from kata.exercises import find, load
 from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
-from kata.unfinished import mentions_not_implemented
+from kata.unfinished import error_chain, mentions_not_implemented
 
 # How torch says that it has no kernel for these inputs on this machine: SDPA held to one backend
 # (sdpa_kernel) that refuses them reports "No available kernel" from the CUDA dispatcher and "No
@@ -15,6 +16,12 @@ from kata.unfinished import mentions_not_implemented
 # this GPU reports "cuDNN Frontend error". Every other RuntimeError (a shape mismatch, an illegal
 # memory access) is a bug, and is raised.
 NO_KERNEL_HERE = ("No available kernel", "No viable backend", "cuDNN Frontend error")
+# How torch.compile says that its backend (Inductor, and the Triton code it generates) failed for
+# this GPU or this torch: FlexAttention's column. Named, not imported: torch._dynamo and
+# torch._inductor are private and slow to load, and an error of theirs means they are loaded. Dynamo's
+# own errors (tracing a mask_mod that has a bug) are bugs, and are raised.
+COMPILE_FAILED = ("BackendCompilerFailed", "InductorError")
+BACKWARD_FLOPS = 2.5  # the backward's five matmuls (S again, dV, dP, dQ, dK) to the forward's two
 
 
 class ColumnError(Exception):
@@ -70,16 +77,24 @@ def max_error(out, expected) -> float:
 
 
 def cannot_run_here(torch, err: BaseException) -> str | None:
-    """The table's note when `err` says that a column cannot run on this machine, or None: a bug."""
+    """The table's note when `err` says that a column cannot run on this machine, or None: a bug.
+
+    A full GPU or SRAM counts also when torch.compile wraps it (an autotuning kernel that does not fit)."""
     from triton.runtime.errors import OutOfResources
+    chain = error_chain(err)
+    compiling = [e for e in chain if type(e).__name__ in COMPILE_FAILED and type(e).__module__.startswith("torch.")]
+    for e in compiling:  # what the backend raised, also where torch kept it aside rather than chained
+        chain += [inner for inner in error_chain(getattr(e, "inner_exception", None)) if inner not in chain]
     if mentions_not_implemented(err):
         return "not started"  # the learner's kernel, unfinished: a state, not a bug
-    if isinstance(err, torch.cuda.OutOfMemoryError):
+    if any(isinstance(e, torch.cuda.OutOfMemoryError) for e in chain):
         return "OOM"
-    if isinstance(err, OutOfResources):  # tiles that need more shared memory than this GPU has
+    if any(isinstance(e, OutOfResources) for e in chain):  # tiles that need more shared memory than this GPU has
         return "no room in SRAM"
     if isinstance(err, RuntimeError) and any(words in str(err) for words in NO_KERNEL_HERE):
         return "no kernel here"
+    if compiling:
+        return f"did not compile ({type(chain[-1]).__name__})"  # the innermost error says why
     return None
 
 
@@ -104,10 +119,86 @@ def guarded(torch, column: str, timed) -> dict:
 def kernel(column: str, number: str, folder: Path, name: str):
     """Function `name` of exercise `number` in `folder`, for `column`; a file that does not load (a
     syntax error, a missing function) raises a ColumnError, as a bug in the column would."""
+    return from_exercise(column, number, folder, name)[0]
+
+
+def from_exercise(column: str, number: str, folder: Path, *names: str) -> tuple:
+    """The objects `names` of exercise `number` in `folder`, from one load of its file, for `column`;
+    a file that does not load or lacks one of them raises a ColumnError naming `column`."""
     try:
-        return getattr(load(find(number), folder), name)
+        module = load(find(number), folder)
+        return tuple(getattr(module, name) for name in names)
     except Exception as err:
         raise ColumnError(column, err) from err
+
+
+def measure(torch, name: str, fn, expected, flops: float) -> dict:
+    """{'ms', 'tflops', 'mib', 'err'} for method `name` in one cell, or {'note'} saying why there is no
+    number. fn() is checked against `expected` first (its first call also compiles it: never timed);
+    expected None: a baseline that computes another function, unchecked (err None)."""
+    def timed():
+        out = fn()
+        err = None if expected is None else max_error(out, expected)
+        if err is not None and not err <= 0.05:  # bf16 outputs of magnitude < 1: a bigger gap is a wrong answer
+            return {"note": f"wrong ({err:.2g})"}
+        del out
+        mib = peak_mib(torch, fn)
+        ms = median_ms(fn)
+        return {"ms": ms, "tflops": flops / ms * 1e-9, "mib": mib, "err": err}
+    return guarded(torch, name, timed)
+
+
+def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float, backward_alone: bool = True) -> dict:
+    """Method `name`'s backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
+    'tflops', 'mib', 'err'} (peak over a forward + backward; err: the worst gradient's, relative to its
+    largest entry), or {'note'}. `expected`: the right (dq, dk, dv), or None: unchecked, as in `measure`.
+    backward_alone=False: no 'bwd_' numbers. Timing the backward alone replays it on one graph
+    (retain_graph), which a torch.compile'd backward that donates its buffers refuses."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(do)
+
+    def timed():
+        step()
+        errors = []
+        for grad, t, ref in zip(("dq", "dk", "dv"), leaves, expected or ()):
+            errors.append(max_error(t.grad, ref) / max(1.0, ref.float().abs().max().item()))
+            if not errors[-1] <= 0.05:  # relative to the largest gradient: bf16 rounding stays near 1e-2
+                return {"note": f"wrong {grad} ({errors[-1]:.2g})"}
+        err = max(errors) if errors else None
+        mib = peak_mib(torch, step)
+        ms = median_ms(step)
+        out = {"ms": ms, "tflops": (1 + BACKWARD_FLOPS) * flops / ms * 1e-9, "mib": mib, "err": err}
+        if backward_alone:
+            o = fn(*leaves)
+            bwd_ms = median_ms(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves)
+            out.update(bwd_ms=bwd_ms, bwd_tflops=BACKWARD_FLOPS * flops / bwd_ms * 1e-9)
+        return out
+    return guarded(torch, name, timed)
+
+
+def default_backend(torch, q, k, v, causal: bool) -> str:
+    """The backend SDPA picks for these inputs, as PyTorch's dispatcher reports it."""
+    from torch.nn.attention import SDPBackend
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, causal)).name.lower()
+    except Exception:  # a private API: name it unknown rather than fail the benchmark
+        return "unknown"
+
+
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None, having said that there is no plot (it is optional)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no plot: matplotlib is not installed)")
+        return None
+    return plt
 
 
 def repeat_kv(q, k, v):
@@ -126,12 +217,13 @@ def standard_attention(torch, q, k, v, causal: bool = False):
     return torch.softmax(s, dim=-1) @ v
 
 
-def reference_attention(torch, q, k, v, causal: bool = False):
+def reference_attention(torch, q, k, v, causal: bool = False, mask=None):
     """Dense attention in float64 from the definition: the oracle each column is checked against.
 
     q (B, H_q, n_q, D), k and v (B, H_kv, n_k, D), H_kv dividing H_q (GQA as in `repeat_kv`). causal:
-    query i attends key j iff j <= i (top-left), so every row keeps key 0. Returns (B, H_q, n_q, D)
-    float64, differentiable.
+    query i attends key j iff j <= i (top-left), so every row keeps key 0. mask: a bool (n_q, n_k),
+    True where a query may attend a key, combined with causal by AND; every row must keep a key.
+    Returns (B, H_q, n_q, D) float64, differentiable.
     """
     k, v = repeat_kv(q, k.double(), v.double())
     q = q.double()
@@ -140,4 +232,6 @@ def reference_attention(torch, q, k, v, causal: bool = False):
         n_q, n_k = s.shape[-2:]
         s = s.masked_fill(torch.arange(n_k, device=q.device) > torch.arange(n_q, device=q.device)[:, None],
                           -math.inf)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
     return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)) @ v

@@ -20,12 +20,12 @@ import math
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, peak_mib, standard_attention
+from kata.bench.common import (BACKWARD_FLOPS, default_backend, gpu_torch, kernel, measure, measure_training, pyplot,
+                               standard_attention)
 from kata.exercises import SOLUTIONS_DIR
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
 NAIVE, REFERENCE, YOURS = "naive", "reference", "yours"
-BACKWARD_FLOPS = 2.5  # the backward's five matmuls (S again, dV, dP, dQ, dK) to the forward's two
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -64,52 +64,6 @@ def methods(torch, target: Path, exercise: str = "06") -> dict:
                   "sdpa flash": forced(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": forced(SDPBackend.CUDNN_ATTENTION),
                   NAIVE: partial(standard_attention, torch)})
     return table
-
-
-def default_backend(torch, q, k, v, causal: bool) -> str:
-    """The backend SDPA picks for these inputs, as PyTorch's dispatcher reports it."""
-    from torch.nn.attention import SDPBackend
-    try:
-        return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, causal)).name.lower()
-    except Exception:  # a private API: name it unknown rather than fail the benchmark
-        return "unknown"
-
-
-def measure(torch, name: str, fn, expected, flops: float) -> dict:
-    """{'ms', 'tflops', 'mib'} for method `name` in one cell, or {'note'} saying why there is no number."""
-    def timed():
-        err = max_error(fn(), expected)
-        if not err <= 0.05:  # bf16 outputs of magnitude < 1: a bigger gap is a wrong answer, not rounding
-            return {"note": f"wrong ({err:.2g})"}
-        mib = peak_mib(torch, fn)
-        ms = median_ms(fn)
-        return {"ms": ms, "tflops": flops / ms * 1e-9, "mib": mib}
-    return guarded(torch, name, timed)
-
-
-def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float) -> dict:
-    """Method `name`'s backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
-    'tflops', 'mib'} (peak over a forward + backward), or {'note'}. `expected`: SDPA's (dq, dk, dv)."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def step():
-        for t in leaves:
-            t.grad = None
-        fn(*leaves).backward(do)
-
-    def timed():
-        step()
-        for grad, t, ref in zip(("dq", "dk", "dv"), leaves, expected):
-            err = max_error(t.grad, ref) / max(1.0, ref.float().abs().max().item())
-            if not err <= 0.05:  # relative to the largest gradient: bf16 rounding stays near 1e-2
-                return {"note": f"wrong {grad} ({err:.2g})"}
-        mib = peak_mib(torch, step)
-        ms = median_ms(step)
-        o = fn(*leaves)
-        bwd_ms = median_ms(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves)
-        return {"bwd_ms": bwd_ms, "bwd_tflops": BACKWARD_FLOPS * flops / bwd_ms * 1e-9, "ms": ms,
-                "tflops": (1 + BACKWARD_FLOPS) * flops / ms * 1e-9, "mib": mib}
-    return guarded(torch, name, timed)
 
 
 def cells(torch, args):
@@ -224,12 +178,8 @@ def _fmt(x: float | None) -> str:
 
 
 def plot(rows: list[dict], names: list[str], path: Path, key: str = "tflops", what: str = "") -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(no plot: matplotlib is not installed)")
+    plt = pyplot()
+    if plt is None:
         return
     panels = sorted({(r["D"], r["causal"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)

@@ -17,8 +17,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import guarded, gpu_torch, median_ms, peak_mib, standard_attention
-from kata.bench.forward import BACKWARD_FLOPS, REFERENCE, YOURS, methods
+from kata.bench.common import BACKWARD_FLOPS, guarded, gpu_torch, median_ms, peak_mib, standard_attention
+from kata.bench.forward import REFERENCE, YOURS, methods
 from kata.exercises import ROOT, SOLUTIONS_DIR, find, load
 from kata.tools import io_report
 

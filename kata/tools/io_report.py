@@ -129,20 +129,41 @@ are sliding (causal); documents are packed, causal within each, their lengths
 drawn from {lo}-{hi} with seed {seed}.""".format(lo=DOC_LENGTHS[0], hi=DOC_LENGTHS[1], seed=DOC_SEED)
 
 
-def _row_bounds(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """name -> (first, last) key each query may attend: every mask here allows one interval per row."""
+def document_ids(n: int) -> np.ndarray:
+    """The document of each of n positions, ascending: documents of random lengths in DOC_LENGTHS
+    (seed DOC_SEED) packed end to end, the last one cut at n."""
+    lengths = np.random.default_rng(DOC_SEED).integers(*DOC_LENGTHS, size=n // DOC_LENGTHS[0] + 1)
+    return np.searchsorted(np.cumsum(lengths), np.arange(n), side="right")
+
+
+def interval_masks(n: int) -> dict[str, dict]:
+    """The masks of the 64k table and of `--bench sparse`, each causal narrowed by its arguments to
+    `interval_bounds`: name -> {} (causal), {'window': w} (sliding) or {'doc_ids': (n,)} (documents)."""
+    return {"causal": {}, **{f"window {w // 1024}k": {"window": w} for w in WINDOWS},
+            "documents": {"doc_ids": document_ids(n)}}
+
+
+def interval_bounds(n: int, window: int = 0, doc_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) key each of n queries may attend: causal (last = the query), and with a window
+    no further back than window - 1 keys, with doc_ids (ascending) not before its document's start.
+    Each such mask allows one interval of keys per row."""
     q = np.arange(n)
-    docs = np.random.default_rng(DOC_SEED).integers(*DOC_LENGTHS, size=n // DOC_LENGTHS[0] + 1)
-    starts = np.concatenate([[0], np.cumsum(docs)])
-    doc_start = starts[np.searchsorted(starts, q, side="right") - 1]
-    bounds = {"dense": (np.zeros(n, int), np.full(n, n - 1)), "causal": (np.zeros(n, int), q)}
-    for w in WINDOWS:
-        bounds[f"window {w // 1024}k"] = (np.maximum(q - w + 1, 0), q)
-    bounds[f"{np.count_nonzero(starts < n)} documents"] = (doc_start, q)
+    first = np.zeros(n, dtype=np.int64)
+    if window:
+        first = np.maximum(q - window + 1, 0)
+    if doc_ids is not None:
+        first = np.maximum(first, np.searchsorted(doc_ids, doc_ids))  # the first position of each one's document
+    return first, q
+
+
+def row_bounds(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """name -> (first, last) key each query may attend, for dense attention and `interval_masks`."""
+    bounds = {"dense": (np.zeros(n, dtype=np.int64), np.full(n, n - 1))}
+    bounds.update({name: interval_bounds(n, **args) for name, args in interval_masks(n).items()})
     return bounds
 
 
-def _tile_grids(first: np.ndarray, last: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+def tile_grids(first: np.ndarray, last: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """(partial, full) tile grids of an interval mask, row i allowing keys first[i]..last[i]: the
     learner's block_mask asks about every pair, 4·10⁹ of them at 64k, too slow for a report. A tile
     has some pair when a row's blocks first // block .. last // block reach it (a running count of
@@ -168,12 +189,13 @@ def sparse_table(module: ModuleType) -> str:
     `module`'s block_lists, density and block_sparse_io (exercise 12)."""
     try:
         rows = []
-        for name, (first, last) in _row_bounds(N_LONG).items():
-            partial, full = _tile_grids(first, last, BLOCK)
+        for name, (first, last) in row_bounds(N_LONG).items():
+            partial, full = tile_grids(first, last, BLOCK)
             lists = [module.block_lists(grid) for grid in (partial, full, partial.T, full.T)]
             block_mask = BlockMask(N_LONG, N_LONG, BLOCK, BLOCK, *(a for pair in lists for a in pair))
             reads, writes = (int(c) for c in module.block_sparse_io(N_LONG, D, BLOCK, BLOCK, block_mask))
-            rows.append([name, float(module.density(block_mask)), reads, writes, (reads + writes) * BYTES_FP16 / 1e6])
+            label = f"{document_ids(N_LONG)[-1] + 1} documents" if name == "documents" else name
+            rows.append([label, float(module.density(block_mask)), reads, writes, (reads + writes) * BYTES_FP16 / 1e6])
     except Exception as error:  # the learner's code: any failure means no table, not a crash
         return (f"Block-sparse table skipped: {type(error).__name__}: {error}\n"
                 f"(it is computed with your block_lists, density and block_sparse_io)")

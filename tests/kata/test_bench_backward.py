@@ -3,6 +3,7 @@ Compute's CSV, and the dispatch among the benchmarks, on made-up numbers (timing
 import pytest
 
 from kata.bench import decode as bench_decode, forward as bench, main as bench_main, paper as bench_paper
+from kata.bench import sparse as bench_sparse
 
 NAMES = ["yours", "reference", "sdpa default", "sdpa flash", "naive"]
 
@@ -85,8 +86,8 @@ def test_paper_model_reads_the_closed_forms_of_05_and_08():
     assert 25 < gb["standard"] < 45 and 2 < gb["flash"] < 8  # the paper measured 40.3 and 4.4
 
 
-@pytest.mark.parametrize("module, name", [(bench_decode, "decode"), (bench_paper, "paper"), (bench, "")],
-                         ids=["decode", "paper", "forward"])
+@pytest.mark.parametrize("module, name", [(bench_decode, "decode"), (bench_paper, "paper"), (bench_sparse, "sparse"),
+                                          (bench, "")], ids=["decode", "paper", "sparse", "forward"])
 def test_the_first_word_picks_the_benchmark_and_the_rest_are_its_flags(monkeypatch, tmp_path, module, name):
     """A word passed on to the forward benchmark, or flags dropped, runs another benchmark than asked."""
     seen = []

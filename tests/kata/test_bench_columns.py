@@ -9,14 +9,16 @@ interpreter.
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 from triton_helpers import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from kata.bench import common, decode, forward, main as bench_main, paper  # noqa: E402
+from kata.bench import common, decode, forward, main as bench_main, paper, sparse  # noqa: E402
 from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
+from kata.tools import io_report  # noqa: E402
 
 TOL = 1e-4 if INTERPRETED else 1e-2  # float32 inputs; on a GPU tl.dot rounds them to TF32
 # SDPA held to one backend may have no kernel for float32 inputs here: cuDNN attention has none on the
@@ -26,9 +28,9 @@ MAY_HAVE_NO_KERNEL = {"sdpa flash", "sdpa cudnn"}
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """A learner's folder holding the solved 06, 09 and 10, so that the 'yours' columns run too."""
+    """A learner's folder holding the solved 06, 09, 10 and 13, so that the 'yours' columns run too."""
     folder = tmp_path_factory.mktemp("target")
-    for number in ("06", "09", "10"):
+    for number in ("06", "09", "10", "13"):
         shutil.copy(SOLUTIONS_DIR / find(number).filename, folder)
     return folder
 
@@ -65,13 +67,13 @@ def with_gradients(fn, q, k, v, do):
     return out, [t.grad for t in leaves]
 
 
-def check_training(column, fn, q, k, v, causal):
+def check_training(column, fn, q, k, v, causal, mask=None):
     """fn(q, k, v) and its dq, dk, dv against the reference's, for a random output gradient."""
     do = torch.randn_like(q)
     got = run(column, with_gradients, fn, q, k, v, do)
     if got is None:
         return
-    expected = with_gradients(lambda *t: common.reference_attention(torch, *t, causal=causal),
+    expected = with_gradients(lambda *t: common.reference_attention(torch, *t, causal=causal, mask=mask),
                               q.double(), k.double(), v.double(), do.double())
     for what, mine, ref in zip(("o", "dq", "dk", "dv"), [got[0], *got[1]], [expected[0], *expected[1]]):
         assert_close(column, what, mine, ref)
@@ -119,6 +121,87 @@ def test_decode_columns_match_the_reference(target, num_splits):
                 ("sdpa, K/V repeated", lambda *t: decode.sdpa_gqa(torch, *t, enable_gqa=False), (q, k, v))]
     for column, fn, args in columns:
         assert_close(column, "o", run(column, fn, *args), expected)
+
+
+# `--bench sparse` at 3 x 3 tiles of 16, each mask with empty, partial and full tiles: a window of two
+# tiles, and documents of 13 | 3 | 32 positions, two cut inside the first tile, the third emptying
+# the tiles below the diagonal that its queries share with the other two's keys.
+SPARSE_N, SPARSE_BLOCK = 48, 16
+SPARSE_MASKS = {"causal": {}, "window": {"window": 32}, "documents": {"doc_ids": np.repeat([0, 1, 2], [13, 3, 32])}}
+
+
+def allowed_pairs(n, window=0, doc_ids=None):
+    """The mask from its definition, (n, n) bool on the tests' device: causal, a key at most window - 1
+    back, the query's own document."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    allowed = j <= i
+    if window:
+        allowed &= j > i - window
+    if doc_ids is not None:
+        ids = torch.as_tensor(doc_ids)
+        allowed &= ids[:, None] == ids[None, :]
+    return allowed.to(DEVICE)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("mask", SPARSE_MASKS)
+def test_sparse_columns_match_the_reference(target, mask):
+    """`--bench sparse`: yours (13) and FlexAttention under the mask, SDPA dense causal, forward + backward.
+    FlexAttention runs eagerly here (compiling it would take minutes), and has no backward on the CPU."""
+    q, k, v = inputs(seed=6, B=1, H_q=1, H_kv=1, n_q=SPARSE_N, n_k=SPARSE_N)
+    table = sparse.columns(torch, target, device=DEVICE, compiled=False)
+    assert set(table) == {sparse.YOURS, sparse.FLEX, sparse.DENSE}
+    allowed = allowed_pairs(SPARSE_N, **SPARSE_MASKS[mask])
+    for column, make in table.items():
+        fn = run(column, lambda: make(SPARSE_N, SPARSE_BLOCK, **SPARSE_MASKS[mask]))
+        if column == sparse.DENSE:
+            check_training(column, fn, q, k, v, causal=True)
+        elif column == sparse.FLEX and INTERPRETED:
+            expected = common.reference_attention(torch, q, k, v, mask=allowed)
+            assert_close(column, "o", run(column, fn, q, k, v), expected)
+        else:
+            check_training(column, fn, q, k, v, causal=False, mask=allowed)
+
+
+@pytest.mark.parametrize("mask", SPARSE_MASKS)
+def test_sparse_density_and_pairs_count_what_the_mask_keeps(mask):
+    """The table's density and TFLOP/s come from each row's key interval, not from n x n arrays: they
+    must equal the tiles and pairs of the mask's definition (a tile counted once per row, an interval
+    one key short, a window off by one)."""
+    first, last = io_report.interval_bounds(SPARSE_N, **SPARSE_MASKS[mask])
+    allowed = allowed_pairs(SPARSE_N, **SPARSE_MASKS[mask]).cpu()
+    assert sparse.kept_pairs(first, last) == allowed.sum().item()
+    t = SPARSE_N // SPARSE_BLOCK
+    tiles = allowed.reshape(t, SPARSE_BLOCK, t, SPARSE_BLOCK).any(3).any(1)
+    assert sparse.density(first, last, SPARSE_BLOCK) == tiles.sum().item() / t**2
+
+
+def failing_compile(backend_raises):
+    """What torch.compile raises when its backend raises `backend_raises` (as Inductor raises the
+    errors of the Triton it writes)."""
+    def backend(graph, example_inputs):
+        raise backend_raises
+    try:
+        torch.compile(lambda x: x + 1, backend=backend)(torch.ones(2))
+    except Exception as err:
+        return err
+    raise AssertionError("torch.compile ran a backend that raises")
+
+
+def test_flex_compile_failures_are_notes_and_its_tracing_errors_are_bugs():
+    """torch.compile's backend failing (Inductor, the Triton it writes) says that this machine cannot
+    run FlexAttention: a note, naming the backend's error. An error while Dynamo traces a mask_mod
+    (a NameError in it, under fullgraph) is a bug in the column: it stops the benchmark."""
+    notes = [common.guarded(torch, sparse.FLEX, raising(failing_compile(err)))
+             for err in (RuntimeError("ptxas exited"), OutOfResources(262144, 232448, "shared memory"))]
+    assert notes == [{"note": "did not compile (RuntimeError)"}, {"note": "no room in SRAM"}]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + undefined_window  # noqa: F821  the bug
+
+    with pytest.raises(common.ColumnError, match=r"column 'flex' failed: \w+"):  # Unsupported, in torch 2.13
+        common.guarded(torch, sparse.FLEX, lambda: torch.compile(mask_mod, backend="eager", fullgraph=True)(
+            0, 0, torch.arange(4), torch.arange(4)))
 
 
 def raising(err):

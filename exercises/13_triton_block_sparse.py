@@ -1,0 +1,290 @@
+"""Exercise 13 — the kernel that visits only the listed tiles.
+
+The idea
+    Exercise 12 walked a block mask in NumPy; here the same walk runs in Triton, forward and
+    backward, so a model trains with a sliding window or packed documents at a cost in proportion
+    to the tiles it keeps. The only change from 06 and 09 is which tiles a program visits and where
+    the mask applies: a program reads its block's lists (kata/given/block_mask.py's layout) and,
+    for each listed block, folds its tiles as 06 and 09 do, the full blocks first with no mask,
+    then the partial blocks with the mask. Empty blocks are never named, so never read.
+
+The mask (kata/given/masks.py)
+    A Mask holds a @triton.jit mod(q_idx, kv_idx, window, doc_ids) -> bool, 12's mask_mod for a
+    kernel, and its window and doc_ids. The kernels take the mod as a constexpr (Triton compiles it
+    into them) and evaluate it with tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), which
+    is also False past the arrays' ends. block_mask(mask, n_q, n_k, block_q, block_k) is 12's,
+    solved, on the device: int32 lists.
+
+The walk (per program; T_c key blocks, T_r query blocks)
+    forward, one program per BLOCK_M rows of query block i:
+        the full blocks full_kv_indices[i, :full_kv_num_blocks[i]]  unmasked
+        the partial blocks kv_indices[i, :kv_num_blocks[i]]         MASKED
+    dK, dV, one program per BLOCK_N keys of key block j: the same over full_q_indices[j] and
+    q_indices[j] (the transposed lists). dQ, one program per BLOCK_M rows: the forward's lists.
+    MASKED tiles apply the mask and bounds-check their loads. A full block cut by the array's end
+    (the last block, when n is not a multiple of the block size: only the last of a list, since
+    lists ascend) also runs MASKED: past the end there is no memory to read.
+
+Tiles within blocks
+    A program's tiles may be smaller than the mask's blocks: BLOCK_M divides block_q and BLOCK_N
+    divides block_k (so that 128-wide blocks can run as 64-wide tiles, which fit the registers).
+    A listed block is then folded as block / BLOCK tiles in a row, each with its block's flag.
+    Advice: make that one loop over all the tiles of a list rather than a loop per block; the
+    compiler overlaps the loads of the innermost loop only, and a loop of two trips gives it
+    nothing to overlap.
+
+Fully masked rows
+    Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
+    running max stays -inf, and exp2(s - m) would be exp2(-inf + inf) = NaN. Subtract 0 instead
+    while m is -inf (but keep m itself -inf, or a later tile of very negative scores underflows); such a row keeps l = 0 and comes out o = 0, lse = -inf. In the backward its
+    lse is -inf and P = exp2(S - lse) = inf where the mask has already chosen 0: use tl.where, never
+    a product with the mask.
+
+In the paper
+    FlashAttention (Dao et al., 2022), section 3.3, Algorithm 5: Algorithm 1 with the inner loop
+    run only where the block mask is nonzero; Proposition 4, IO Θ(Nd + N²d²M⁻¹s). FlexAttention
+    (Dong et al., 2024) keeps partial and full blocks apart, so that only the partial ones pay the mask.
+
+Conventions
+    q, k, v (B, H, n_q | n_k, D) float16, bfloat16 or float32 on one device, D <= 256; one block
+    mask for every (batch, head), built for these n_q and n_k. o in q's dtype; gradients in their
+    inputs' dtypes; the backward's sums and D = rowsum(dO ∘ O) in float32.
+    Without a GPU, TRITON_INTERPRET=1 runs the kernels on the CPU (float32, float16) with blocks of
+    16 and 32; the tests also compile them for Ampere and Hopper. The GPU stage runs bfloat16,
+    128-wide blocks, thousands of tokens and a training run.
+
+Given (kata/given/)
+    masks.py    Mask, tile_allowed, block_mask, ends_ragged (is a list's last block the ragged one?)
+    tiles.py    row_ptrs, load_rows, the head-dim padding, as in 06 and 09
+    inputs.py   check_inputs: 06's ValueErrors
+    solved.py   solved("09")._bwd_delta: D = rowsum(dO ∘ O), 09's first backward kernel
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kata.given import masks, tiles
+from kata.given.inputs import check_inputs
+from kata.given.launch import LOG2E, MAX_TILE, interpreted
+from kata.given.masks import Mask, check_block_mask
+from kata.given.solved import solved
+
+block_mask = masks.block_mask  # exercise 12's, solved, on the device: block_mask(mask, n_q, n_k, block_q, block_k)
+_bwd_delta = solved("09")._bwd_delta  # D = rowsum(dO ∘ O), exercise 09's kernel
+DELTA_ROWS = 64  # query rows per program of _bwd_delta
+
+
+# ---------------------------------------------------------------- masks -----------------------------
+
+@triton.jit
+def causal_mod(q_idx, kv_idx, window, doc_ids):
+    """Query i may attend key j iff j <= i (top-left aligned)."""
+    return kv_idx <= q_idx
+
+
+causal = Mask(causal_mod)
+
+
+@triton.jit
+def sliding_window_mod(q_idx, kv_idx, window, doc_ids):
+    """Causal, and at most window - 1 keys back: i - window < j <= i."""
+    # TODO: as 12's sliding_window, on the index tiles.
+    raise NotImplementedError("sliding_window_mod: replace this line with your code")
+
+
+def sliding_window(window: int) -> Mask:
+    """The mask of sliding_window_mod with this window (at least 1)."""
+    # TODO: a Mask of sliding_window_mod carrying the window.
+    raise NotImplementedError("sliding_window: replace this line with your code")
+
+
+@triton.jit
+def document_mod(q_idx, kv_idx, window, doc_ids):
+    """Same document (doc_ids[i] == doc_ids[j]) and causal."""
+    # TODO: load both indices' documents from doc_ids; same document AND causal.
+    raise NotImplementedError("document_mod: replace this line with your code")
+
+
+def document_mask(doc_ids: torch.Tensor) -> Mask:
+    """The mask of document_mod for packed sequences: doc_ids (n,) an int tensor on the device."""
+    # TODO: a Mask of document_mod carrying doc_ids as int32, contiguous (the kernel indexes it).
+    raise NotImplementedError("document_mask: replace this line with your code")
+
+
+# ---------------------------------------------------------------- the forward (yours) --------------
+
+@triton.jit
+def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, indices, lo, hi, n_q, n_k,
+               qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
+               BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold the key blocks indices[lo:hi] into the running state of one query tile, BLOCK_N keys at a time.
+
+    As 06's attn_tiles, with the keys taken from a list. MASKED: tile_allowed decides which scores
+    stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
+    """
+    # TODO: one loop over the tiles of blocks indices[lo:hi], per_block = BLOCK_K // BLOCK_N of
+    #       them per block: tile t starts at key indices[t // per_block]·BLOCK_K + (t % per_block)·BLOCK_N.
+    #       Load K, s = q @ kᵀ, (MASKED) -inf where not allowed; update m, l, acc as in 06 (a row
+    #       whose m is still -inf subtracts 0); load V, acc += p @ v.
+    raise NotImplementedError("_fwd_tiles: replace this line with your code")
+
+
+@triton.jit
+def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
+                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                H, n_q, n_k, t_c,
+                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
+
+    Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
+    (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
+    """
+    # TODO: load Q once; i = the query block holding these rows; fold its full blocks unmasked
+    #       (all but a ragged last one), that ragged one MASKED, then its partial blocks MASKED;
+    #       write o = acc / l (l = 0 gives o = 0) and lse = (m + log2 l) · ln 2.
+    raise NotImplementedError("_sparse_fwd: replace this line with your code")
+
+
+# ---------------------------------------------------------------- the backward (yours) -------------
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, indices, lo, hi,
+                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
+                BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Add the query blocks indices[lo:hi], BLOCK_M rows at a time, into the float32 sums dk, dv
+    of one key tile. As 09's _dkdv_tiles (transposed tiles, keys on rows), the rows from a list."""
+    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_Q // BLOCK_M per block (as in
+    #       _fwd_tiles); load Q, dO, lse, D; Pᵀ = exp2(k qᵀ · qk_scale − lse · log2 e), (MASKED) 0 where not allowed;
+    #       dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (v dOᵀ − D); dk += dSᵀ q.
+    raise NotImplementedError("_dkdv_tiles: replace this line with your code")
+
+
+@triton.jit
+def _sparse_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+                 qk_scale, scale,
+                 stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                 stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                 H, n_q, n_k, t_r,
+                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: dK, dV of BLOCK_N keys (a slice of key block j) of one (batch, head), over the
+    transposed lists, row j at Q_IDX + j·t_r. LSE, DELTA (B, H, n_q) contiguous float32."""
+    # TODO: load K and V once; walk key block j's full query blocks unmasked (all but a ragged
+    #       last one), that one MASKED, then its partial ones MASKED; store dk·scale and dv.
+    raise NotImplementedError("_sparse_dkdv: replace this line with your code")
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, indices, lo, hi, n_q, n_k,
+              qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
+              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Add the key blocks indices[lo:hi], BLOCK_N keys at a time, into the float32 sum dq of one
+    query tile. As 09's _dq_tiles, the keys from a list."""
+    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_K // BLOCK_N per block; load K, V; P = exp2(q kᵀ · qk_scale − lse2), (MASKED) 0 where not allowed;
+    #       dS = P ∘ (dO vᵀ − D); dq += dS k.
+    raise NotImplementedError("_dq_tiles: replace this line with your code")
+
+
+@triton.jit
+def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+               qk_scale, scale,
+               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+               stride_dqb, stride_dqh, stride_dqn,
+               H, n_q, n_k, t_c,
+               MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), over
+    the forward's lists."""
+    # TODO: load Q, dO, lse·log2 e and D once; walk as the forward does with _dq_tiles; store dq·scale.
+    raise NotImplementedError("_sparse_dq: replace this line with your code")
+
+
+# ---------------------------------------------------------------- the plumbing (given) -------------
+
+def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel for this mask, head width and
+    element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k), whole blocks
+    win the forward and dQ (128 x 128: 9.8 against 13.5 for 128 x 64), and dK, dV walks query
+    tiles of 64 (128 x 128 spills). A wider head or float32 takes tiles as many bytes as those:
+    slices of a block. The interpreter's tiles are all 16, so that its blocks of 32 run the slicing
+    of both a program's own rows (as float32 does on a GPU) and the tiles it walks."""
+    bq, bk = block_mask.block_q, block_mask.block_k
+    if interpreted():
+        return dict(fwd=(16, 16, 4, 2), dkdv=(16, 16, 4, 2), dq=(16, 16, 4, 2))
+    fits = MAX_TILE * 2 // (width * itemsize)  # rows of a tile as large as a 128 x 128 tile of bfloat16
+    rows, keys = min(bq, fits), min(bk, fits)
+    warps = 8 if width >= 64 else 4
+    return dict(fwd=(rows, keys, warps, 2), dkdv=(min(rows, 64), keys, warps, 2), dq=(rows, keys, warps, 2))
+
+
+class BlockSparseAttention(torch.autograd.Function):
+    """o = softmax(scale · q kᵀ under the mask) v over the listed tiles; the backward recomputes P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bm, mask, scale):
+        head_dim = q.shape[-1]
+        width = tiles.padded_width(head_dim)
+        q, k, v = (tiles.pad_head_dim(t, width) for t in (q, k, v))
+        (B, H, n_q, _), n_k = q.shape, k.shape[2]
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+        window, doc_ids = mask.args(q.device)
+        block_m, block_n, warps, stages = kernel_tiles(bm, width, q.element_size())["fwd"]
+        _sparse_fwd[(triton.cdiv(n_q, block_m) * B * H,)](
+            q, k, v, o, lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
+            window, doc_ids, scale * LOG2E, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+            H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q,
+            BLOCK_K=bm.block_k, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.bm, ctx.mask, ctx.scale, ctx.head_dim = bm, mask, scale, head_dim
+        return o[..., :head_dim]
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        bm, mask, scale = ctx.bm, ctx.mask, ctx.scale
+        do = tiles.pad_head_dim(do, q.shape[-1])
+        (B, H, n_q, width), n_k = q.shape, k.shape[2]
+        delta = torch.empty_like(lse)  # D = rowsum(dO ∘ O) in float32, by exercise 09's kernel
+        _bwd_delta[(triton.cdiv(n_q, DELTA_ROWS) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,
+                                                          HEAD_DIM=width, BLOCK_M=DELTA_ROWS)
+        window, doc_ids = mask.args(q.device)
+        sizes = kernel_tiles(bm, width, q.element_size())
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+        blocks = dict(MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k)
+        block_m, block_n, warps, stages = sizes["dkdv"]
+        _sparse_dkdv[(triton.cdiv(n_k, block_n) * B * H,)](
+            q, k, v, do, dk, dv, lse, delta, bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks,
+            bm.full_q_indices, window, doc_ids, scale * LOG2E, scale, *strides, *dk.stride()[:3], *dv.stride()[:3],
+            H, n_q, n_k, bm.q_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+            num_stages=stages, **blocks)
+        block_m, block_n, warps, stages = sizes["dq"]
+        _sparse_dq[(triton.cdiv(n_q, block_m) * B * H,)](
+            q, k, v, do, dq, lse, delta, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
+            bm.full_kv_indices, window, doc_ids, scale * LOG2E, scale, *strides, *dq.stride()[:3],
+            H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+            num_stages=stages, **blocks)
+        d = ctx.head_dim
+        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None
+
+
+def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, mask: Mask,
+                           scale: float | None = None) -> torch.Tensor:
+    """softmax(scale · q kᵀ) v under `mask`, computing only the tiles `block_mask` lists; differentiable.
+
+    q (B, H, n_q, D), k and v (B, H, n_k, D); block_mask = block_mask(mask, n_q, n_k, ...), the same
+    for every (batch, head). Returns o (B, H, n_q, D) in q's dtype.
+    """
+    check_inputs(q, k, v, scale)
+    check_block_mask(block_mask, q, k)
+    if not isinstance(mask, Mask):
+        raise ValueError(f"mask must be a Mask (causal, sliding_window(w), document_mask(ids)), got {type(mask).__name__}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return BlockSparseAttention.apply(q, k, v, block_mask, mask, scale)

@@ -1,0 +1,123 @@
+"""Masks for the Triton block-sparse kernel (exercise 13), and the block mask built from one.
+
+A mask is 12's mask_mod written for Triton: a @triton.jit function
+
+    mod(q_idx, kv_idx, window, doc_ids) -> bool
+
+called inside a kernel on a (BLOCK_M, 1) column of query indices and a (1, BLOCK_N) row of key
+indices, True where the query may attend the key. Every mod takes the same four arguments (one
+that needs no window or no documents ignores them), so one kernel runs them all: it takes the mod
+as a constexpr, and the Mask's window and doc_ids as ordinary arguments.
+
+    mask = Mask(sliding_window_mod, window=1024)
+    bm = block_mask(mask, n_q, n_k, 128, 128)    # exercise 12's block_mask, on the device
+
+Indices handed to a mod always lie inside the arrays (tile_allowed clamps them), so a mod may
+load doc_ids[q_idx] with no bounds check of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kata.given.block_mask import BlockMask
+from kata.given.launch import interpreted
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A @triton.jit mod and its arguments: `window` (an int) and `doc_ids` (an int32 tensor (n,)
+    on the device, or None)."""
+    mod: object
+    window: int = 0
+    doc_ids: torch.Tensor | None = None
+
+    def args(self, device) -> tuple[int, torch.Tensor]:
+        """(window, doc_ids) as a kernel takes them: a mask without documents passes a placeholder."""
+        doc_ids = self.doc_ids if self.doc_ids is not None else torch.zeros(1, dtype=torch.int32, device=device)
+        return self.window, doc_ids
+
+
+@triton.jit
+def tile_allowed(MOD: tl.constexpr, rows, keys, n_q, n_k, window, doc_ids):
+    """(len(rows), len(keys)) bool: MOD at every pair inside the arrays, False past their ends."""
+    q_idx = tl.minimum(rows, n_q - 1)[:, None]  # the mod's loads stay in bounds
+    kv_idx = tl.minimum(keys, n_k - 1)[None, :]
+    inside = (rows < n_q)[:, None] & (keys < n_k)[None, :]
+    return inside & MOD(q_idx, kv_idx, window, doc_ids)
+
+
+@triton.jit
+def ends_ragged(indices, count, n, BLOCK: tl.constexpr):
+    """1 when the last of the `count` blocks listed at `indices` is cut by the array's end (n rows
+    in blocks of BLOCK), else 0: lists ascend, so only their last block can be."""
+    last = tl.load(indices + tl.maximum(count - 1, 0))
+    return ((count > 0) & (n % BLOCK != 0) & (last == (n - 1) // BLOCK)).to(tl.int32)
+
+
+@triton.jit
+def _classify(KIND, MOD: tl.constexpr, window, doc_ids, n_q, n_k, t_c,
+              BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
+    """One program: query block i against TILES key blocks from j0 = program_id(1) · TILES on.
+    KIND (T_r, T_c) int8 gets 0 for an empty tile, 1 for a partial one, 2 for a full one."""
+    i = tl.program_id(0)
+    j0 = tl.program_id(1) * TILES
+    rows = i * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    keys = j0 * BLOCK_K + tl.arange(0, TILES * BLOCK_K)
+    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids).to(tl.int32)
+    inside = ((rows < n_q)[:, None] & (keys < n_k)[None, :]).to(tl.int32)
+    some = tl.sum(tl.reshape(allowed, (BLOCK_Q, TILES, BLOCK_K)), 2)  # (BLOCK_Q, TILES)
+    pairs = tl.sum(tl.reshape(inside, (BLOCK_Q, TILES, BLOCK_K)), 2)
+    some_tile = tl.sum(some, 0)
+    pairs_tile = tl.sum(pairs, 0)
+    kind = tl.where(some_tile == 0, 0, tl.where(some_tile == pairs_tile, 2, 1))
+    cols = j0 + tl.arange(0, TILES)
+    tl.store(KIND + i * t_c + cols, kind.to(tl.int8), mask=cols < t_c)
+
+
+def _lists(listed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `listed (rows, cols)` bool: how many columns are listed, and which, ascending,
+    at the start of the row (a stable sort puts them first); what follows is never read."""
+    counts = listed.sum(1, dtype=torch.int32)
+    indices = torch.argsort((~listed).to(torch.int8), dim=1, stable=True).to(torch.int32)
+    return counts.contiguous(), indices.contiguous()
+
+
+def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, device=None) -> BlockMask:
+    """Exercise 12's block_mask, solved, for a Triton mask: every tile classified on the device,
+    one tile (on a GPU) at a time, never an n_q x n_k array; the lists in FlexAttention's layout,
+    int32 tensors on `device` (doc_ids' device, else CUDA, else the CPU under the interpreter).
+    block_q and block_k are powers of two, at least 16."""
+    for name, block in (("block_q", block_q), ("block_k", block_k)):
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"{name} = {block}: block sizes must be powers of two, at least 16 (tl.arange's rule)")
+    if min(n_q, n_k) < 1:
+        raise ValueError(f"n_q = {n_q}, n_k = {n_k}: a block mask needs at least one query and one key")
+    if mask.doc_ids is not None and mask.doc_ids.numel() < max(n_q, n_k):
+        raise ValueError(f"doc_ids has {mask.doc_ids.numel()} entries: it needs one per position, "
+                         f"{max(n_q, n_k)} here")
+    if device is None:
+        device = mask.doc_ids.device if mask.doc_ids is not None else "cpu" if interpreted() else "cuda"
+    t_r, t_c = triton.cdiv(n_q, block_q), triton.cdiv(n_k, block_k)
+    # The interpreter runs each program as Python: one program per query block, all its tiles at once.
+    tiles = triton.next_power_of_2(t_c) if interpreted() else max(1, 128 // block_k)
+    kind = torch.empty((t_r, t_c), dtype=torch.int8, device=device)
+    window, doc_ids = mask.args(device)
+    _classify[(t_r, triton.cdiv(t_c, tiles))](kind, mask.mod, window, doc_ids, n_q, n_k, t_c,
+                                              BLOCK_Q=block_q, BLOCK_K=block_k, TILES=tiles)
+    partial, full = kind == 1, kind == 2
+    return BlockMask(n_q, n_k, block_q, block_k, *_lists(partial), *_lists(full),
+                     *_lists(partial.T), *_lists(full.T))
+
+
+def check_block_mask(block_mask: BlockMask, q: torch.Tensor, k: torch.Tensor) -> None:
+    """Raise ValueError when `block_mask` was built for other sizes, or lives on another device, than q, k."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    if (block_mask.n_q, block_mask.n_k) != (n_q, n_k):
+        raise ValueError(f"the block mask was built for n_q = {block_mask.n_q}, n_k = {block_mask.n_k}; "
+                         f"q and k have n_q = {n_q}, n_k = {n_k}: build it for these sizes")
+    if block_mask.kv_indices.device != q.device:
+        raise ValueError(f"the block mask is on {block_mask.kv_indices.device}, q on {q.device}")

@@ -1,0 +1,521 @@
+"""Tests for exercise 13: the block-sparse kernels, forward and backward through torch.autograd,
+against float64 autograd of dense attention under a dense mask built here from each mask's
+definition (never from the code under test).
+
+Every check builds the block mask with `block_mask` (given) from your mask, compares its lists with
+a brute-force classification of the dense mask (so your mask mods are checked there too), then
+overwrites every entry past a count, and fills with NaN the K and V of key blocks no query block
+lists and the Q and dO of query blocks no key block lists: a kernel that reads an unlisted tile or
+an entry past a count shows it. Without a CUDA device the kernels run in Triton's interpreter on
+the CPU (float32 and float16, small ragged shapes, blocks of 16 and 32); with one, the tests marked
+gpu add float16, bfloat16 and float32 at thousands of tokens and a training run beside torch's SDPA.
+Each test's name says the bug it catches.
+"""
+import ctypes
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from checks import assert_close, assert_unmodified
+
+torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
+from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
+# Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
+from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, check_compiles_for_gpus,  # noqa: E402
+                            check_precision, gpu, interpreted_only, low_precision, poisoned_buffers,  # noqa: F401
+                            randn, record_stages, skip_unless_supported, small_qk, tolerance)
+from training import TRAIN, check_training  # noqa: E402
+
+pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kata.given.block_mask import BlockMask  # noqa: E402
+from kata.given.masks import tile_allowed  # noqa: E402
+
+# P is rebuilt before the mask zeroes it (overflow to inf, unused); a fully masked row has lse = log(0).
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")]
+MASKS = ("causal: j <= i; sliding_window(w): i - w < j <= i; document_mask(ids): ids[i] == ids[j] and j <= i "
+         "(query i, key j, top-left aligned also when n_q != n_k)")
+FORMULAS = ("P = exp(scale·QKᵀ − lse) on the allowed pairs, dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D), "
+            "dQ = scale · dS K, dK = scale · dSᵀ Q")
+WALK = ("per query block i the forward and dQ walk full_kv_indices[i, :full_kv_num_blocks[i]] unmasked and "
+        "kv_indices[i, :kv_num_blocks[i]] MASKED; dK, dV of key block j walk the transposed lists q_indices[j], "
+        "full_q_indices[j]; the mask applies on partial tiles")
+MASKED_ROW = ("a row no key may attend gives o = 0 and zero gradients, never NaN: subtract 0 while m is -inf, "
+              "and zero P with tl.where (lse = -inf makes P = inf there), never a product with the mask")
+UNREAD = ("NaN fills the K, V of key blocks no query block lists, the Q, dO of query blocks no key block lists, and "
+          "the blocks named by entries past each count: a NaN means such a tile was read (never read past "
+          "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j]), or rows past the "
+          "arrays' end (a block the end cuts, run unmasked)")
+TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products compiled
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
+}
+
+
+# ---- the masks, as the tests define them ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """A mask as the learner builds it (`make(ex)`) and as its definition says (`pairs(n_q, n_k)`)."""
+    label: str
+    make: Callable
+    pairs: Callable  # (n_q, n_k) -> bool tensor on DEVICE, True where query i may attend key j
+
+
+def grid(n_q, n_k):
+    return torch.arange(n_q, device=DEVICE)[:, None], torch.arange(n_k, device=DEVICE)[None, :]
+
+
+def causal():
+    return Case("causal", lambda ex: ex.causal, lambda n_q, n_k: (lambda i, j: j <= i)(*grid(n_q, n_k)))
+
+
+def window(w):
+    return Case(f"sliding_window({w})", lambda ex: ex.sliding_window(w),
+                lambda n_q, n_k: (lambda i, j: (j <= i) & (i - w < j))(*grid(n_q, n_k)))
+
+
+def documents(ids):
+    """document_mask of ids (n,), a NumPy int array: int64 on the device, as a caller might pass it."""
+    lengths = np.bincount(ids).tolist()
+    ids_t = torch.as_tensor(ids, device=DEVICE)
+
+    def pairs(n_q, n_k):
+        i, j = grid(n_q, n_k)
+        return (ids_t[:n_q, None] == ids_t[None, :n_k]) & (j <= i)
+    return Case(f"document_mask(documents of lengths {lengths})", lambda ex: ex.document_mask(ids_t.clone()), pairs)
+
+
+def doc_ids(rng, n, docs=5):
+    """Sorted document ids over n positions: `docs` or so documents of random lengths, one of them a
+    single token."""
+    cuts = set(rng.choice(np.arange(1, n - 1), size=docs - 2, replace=False).tolist())
+    cuts.add(int(rng.choice(sorted(cuts))) + 1)  # the document starting at that cut is one token long
+    return np.searchsorted(sorted(cuts), np.arange(n), side="right")
+
+
+# ---- the brute-force block mask, and the checks of ex.block_mask's lists --------------------------
+
+def tile_kinds(allowed, block_q, block_k):
+    """(partial, full) bool (T_r, T_c) CPU tensors from the dense mask: full when every pair inside the
+    arrays may attend, partial when some but not all, neither (empty) when none."""
+    (n_q, n_k), t_r, t_c = allowed.shape, triton.cdiv(allowed.shape[0], block_q), triton.cdiv(allowed.shape[1], block_k)
+    padded = torch.zeros(t_r * block_q, t_c * block_k, dtype=torch.int32, device=allowed.device)
+    inside = padded.clone()
+    padded[:n_q, :n_k], inside[:n_q, :n_k] = allowed.int(), 1
+    some, pairs = (t.view(t_r, block_q, t_c, block_k).sum((1, 3)).cpu() for t in (padded, inside))
+    return (some > 0) & (some < pairs), (some > 0) & (some == pairs)
+
+
+LIST_NAMES = [("kv_num_blocks", "kv_indices", "partial", "query"), ("full_kv_num_blocks", "full_kv_indices", "full", "query"),
+              ("q_num_blocks", "q_indices", "partial", "key"), ("full_q_num_blocks", "full_q_indices", "full", "key")]
+
+
+def check_lists(bm, partial, full, what):
+    """ex.block_mask's lists against the brute-force classification: counts, and indices ascending."""
+    __tracebackhide__ = True
+    assert isinstance(bm, BlockMask), f"{what}: expected a BlockMask, got {type(bm).__name__}"
+    kinds = {"partial": partial, "full": full}
+    for counts, indices, kind, per in LIST_NAMES:
+        grid_ = kinds[kind] if per == "query" else kinds[kind].T
+        got_counts, got_indices = getattr(bm, counts).cpu(), getattr(bm, indices).cpu()
+        for b, row in enumerate(grid_):
+            want = torch.nonzero(row).flatten().tolist()
+            got = got_indices[b, :int(got_counts[b])].tolist()
+            assert got == want, (
+                f"{what}: {per} block {b}: {indices}[{b}, :{counts}[{b}]] = {got}, expected the {kind} blocks "
+                f"{want}\n  convention: block_mask is given; it classifies tiles by asking your mask mod, so a "
+                f"wrong list means a wrong mod ({MASKS})")
+
+
+def with_garbage(bm, partial, full, rng):
+    """bm with every entry past each count overwritten: by a block nobody lists (its rows hold NaN)
+    where there is one, else by a block the row does list (read twice, it counts twice)."""
+    listed = partial | full
+    dead = {"query": torch.nonzero(~listed.any(0)).flatten(), "key": torch.nonzero(~listed.any(1)).flatten()}
+    lists = {"query": listed, "key": listed.T}
+    changes = {}
+    for counts, indices, _, per in LIST_NAMES:
+        idx = getattr(bm, indices).cpu().clone()
+        for b in range(idx.shape[0]):
+            pool = dead[per] if len(dead[per]) else torch.nonzero(lists[per][b]).flatten()
+            pool = pool if len(pool) else torch.arange(idx.shape[1])
+            past = int(getattr(bm, counts)[b])
+            idx[b, past:] = pool[torch.from_numpy(rng.integers(len(pool), size=idx.shape[1] - past))].to(idx.dtype)
+        changes[indices] = idx.to(getattr(bm, indices).device).contiguous()
+    return dataclasses.replace(bm, **changes)
+
+
+def poison_unlisted(q, k, v, do, partial, full, block_q, block_k):
+    """Copies with NaN in K, V of every key block no query block lists and Q, dO of every query block
+    no key block lists; and the poisoned ranges, for the failure message."""
+    listed = partial | full
+    q, k, v, do = (t.clone() for t in (q, k, v, do))
+    notes = []
+    for dead, block, tensors, name in ((~listed.any(0), block_k, (k, v), "keys"), (~listed.any(1), block_q, (q, do), "queries")):
+        for j in torch.nonzero(dead).flatten().tolist():
+            for t in tensors:
+                t[:, :, j * block:(j + 1) * block] = float("nan")
+        if dead.any():
+            notes.append(f"{name} of blocks {torch.nonzero(dead).flatten().tolist()} listed by none hold NaN")
+    return q, k, v, do, notes
+
+
+# ---- running and checking ------------------------------------------------------------------------
+
+def run(ex, q, k, v, do, bm, mask, scale=None):
+    """o and (dq, dk, dv) from the kernels; a stubbed kernel body surfaces as NotImplementedError."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def forward_backward():
+        o = ex.block_sparse_attention(*leaves, bm, mask, **({} if scale is None else {"scale": scale}))
+        o.backward(do)
+        return o.detach()
+
+    return call(forward_backward), tuple(t.grad for t in leaves)
+
+
+def numpy(t):
+    return t.detach().double().cpu().numpy()
+
+
+def build(ex, case, n_q, n_k, block_q, block_k):
+    """The learner's mask, ex.block_mask of it, and the brute-force (allowed, partial, full)."""
+    __tracebackhide__ = True
+    mask = call(case.make, ex)
+    what = f"block_mask({case.label}, n_q={n_q}, n_k={n_k}, block_q={block_q}, block_k={block_k})"
+    bm = call(ex.block_mask, mask, n_q, n_k, block_q, block_k)
+    allowed = case.pairs(n_q, n_k)
+    partial, full = tile_kinds(allowed, block_q, block_k)
+    check_lists(bm, partial, full, what)
+    return mask, bm, allowed, partial, full
+
+
+def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=FORMULAS, tol=None):
+    """Build the block mask (checking its lists), spoil what must not be read, run forward and
+    backward, check the inputs are unmodified, then o, dq, dk, dv against float64 autograd."""
+    __tracebackhide__ = True
+    n_q, n_k = q.shape[2], k.shape[2]
+    mask, bm, allowed, partial, full = build(ex, case, n_q, n_k, block_q, block_k)
+    bm = with_garbage(bm, partial, full, rng)
+    q, k, v, do, notes = poison_unlisted(q, k, v, do, partial, full, block_q, block_k)
+    empty = torch.nonzero(~allowed.any(1)).flatten().tolist()
+    if empty:
+        notes.append(f"queries {empty[0]}-{empty[-1]} may attend no key" if empty == list(range(empty[0], empty[-1] + 1))
+                     else f"queries {empty} may attend no key")
+    notes += [f"scale={scale}"] if scale is not None else []
+    what = (f"block_sparse_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}, {case.label}, "
+            f"block_q={block_q}, block_k={block_k}{''.join(', ' + n for n in notes)}).backward(do)")
+    before = [t.clone() for t in (q, k, v, do)]
+    o, grads = run(ex, q, k, v, do, bm, mask, scale)
+    for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
+        assert_unmodified(numpy(t0), numpy(t), label, what)
+    clean_do = do.nan_to_num()  # NaN only in query blocks none lists: o = 0 there, and no gradient flows
+    o_ref, grads_ref = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale)
+    tol = tol or tolerance(q.dtype, TOL)
+    low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
+    baseline = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale, dtype=q.dtype) if low else None
+    nan = f"{UNREAD}; {MASKED_ROW}"
+    assert o.dtype == q.dtype and o.shape == q.shape, \
+        f"{what}: o must have q's dtype and shape, {q.dtype} {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
+    for i, (label, t, got, expected) in enumerate(zip(("o", "dq", "dk", "dv"), (q, q, k, v), (o, *grads),
+                                                      (o_ref, *grads_ref))):
+        assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
+            f"{what}: {label} must have the dtype and shape of its input, {t.dtype} {tuple(t.shape)}, got " \
+            f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
+        if baseline:
+            assert not got.isnan().any(), f"{what}: {label} holds NaN\n  convention: {nan}"
+            bound = baseline[0] if label == "o" else baseline[1][i - 1]
+            check_precision(got, expected, bound, f"{what}: {label}", f"{convention}; {MASKS}")
+            continue
+        size = max(1.0, expected.abs().max().item())
+        index = "query" if label in ("o", "dq") else "key"
+        assert_close(numpy(got), numpy(expected), what=f"{what}: {label} (row = b, h, {index} index)",
+                     rtol=tol, atol=tol * size, convention=f"{convention}; {MASKS}", nan_convention=nan)
+
+
+def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
+    return (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k, n_q))
+
+
+def case_id(s):
+    return "b{}-h{}-nq{}-nk{}-d{}-bq{}-bk{}".format(*s)
+
+
+# ---- the mask mods, pair by pair ----------------------------------------------------------------
+
+@triton.jit
+def _pairs(OUT, MOD: tl.constexpr, window, doc_ids, n_q, n_k, ROWS: tl.constexpr, KEYS: tl.constexpr):
+    """OUT (ROWS, KEYS) int8: tile_allowed of MOD over every (query, key) pair at once."""
+    rows, keys = tl.arange(0, ROWS), tl.arange(0, KEYS)
+    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)
+    tl.store(OUT + rows[:, None] * KEYS + keys[None, :], allowed.to(tl.int8))
+
+
+def check_mod(ex, case, n_q, n_k):
+    __tracebackhide__ = True
+    mask = call(case.make, ex)
+    rows, keys = triton.next_power_of_2(n_q), triton.next_power_of_2(n_k)
+    out = torch.zeros(rows, keys, dtype=torch.int8, device=DEVICE)
+    call(_pairs[(1,)], out, mask.mod, *mask.args(DEVICE), n_q, n_k, ROWS=rows, KEYS=keys)
+    got, want = out[:n_q, :n_k].bool().cpu(), case.pairs(n_q, n_k).cpu()
+    wrong = torch.nonzero(got != want)
+    if len(wrong):
+        i, j = wrong[0].tolist()
+        raise AssertionError(f"{case.label}'s mod on {n_q} queries x {n_k} keys: pair (query {i}, key {j}) gives "
+                             f"{bool(got[i, j])}, expected {bool(want[i, j])} ({len(wrong)} pairs wrong)\n"
+                             f"  convention: {MASKS}")
+
+
+@pytest.mark.parametrize("w", [1, 3, 10])
+def test_sliding_window_mod(ex, w):
+    """A window one too wide or narrow (q_idx - kv_idx <= window), or not causal (keys ahead seen)."""
+    check_mod(ex, window(w), 20, 23)
+
+
+def test_document_mod(ex, rng):
+    """The document test dropped, or documents not causal inside (a query sees later keys of its document)."""
+    check_mod(ex, documents(doc_ids(rng, 23)), 23, 19)
+
+
+def test_sliding_window_refuses_a_window_below_one(ex):
+    """sliding_window(0) accepted: no query could see even itself."""
+    with pytest.raises(ValueError, match="window"):
+        ex.sliding_window(0)
+
+
+SHAPES = [(8, 8, 16, 16), (45, 45, 16, 32), (70, 37, 32, 16), (33, 90, 16, 32)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "nq{}-nk{}-bq{}-bk{}".format(*s))
+def test_block_mask_matches_brute_force(ex, rng, shape):
+    """A mod wrong on some pair shows up in the lists block_mask (given) builds from it: a partial tile
+    classified full (its mask skipped) or empty, a full one listed as partial."""
+    for case in (causal(), window(5), documents(doc_ids(rng, max(shape[:2]), 4))):
+        build(ex, case, *shape)
+
+
+# ---- block_sparse_attention against float64 autograd --------------------------------------------
+
+@pytest.mark.parametrize("shape", [(1, 2, 45, 45, 16, 16, 32), (1, 1, 33, 90, 16, 32, 16)], ids=case_id)
+def test_causal_matches_autograd(ex, rng, shape):
+    """A partial block run unmasked, a block's tiles missing or walked twice, the ragged last block
+    dropped, a wrong formula (D missing, scale left out of dK or dQ), dK, dV over the forward's lists
+    instead of the transposed ones; keys past the last query are attended by none (dk = dv = 0)."""
+    B, H, n_q, n_k, D, block_q, block_k = shape
+    check(ex, rng, causal(), *qkv_do(rng, B, H, n_q, n_k, D), block_q, block_k, convention=f"{FORMULAS}; {WALK}")
+
+
+def test_sliding_window_matches_autograd(ex, rng):
+    """The window off by one, partial blocks unmasked, a full block cut by the end of the keys or the
+    queries read without bounds checks; n_q > n_k, block_q > block_k."""
+    check(ex, rng, window(19), *qkv_do(rng, 1, 1, 70, 53, 16), 32, 16, convention=f"{FORMULAS}; {WALK}")
+
+
+def test_document_mask_matches_autograd(ex, rng):
+    """Documents not causal inside, or seeing each other; rows whose first listed tiles are all masked
+    (a document that starts mid-block); a document of one token."""
+    ids = doc_ids(rng, 77, 6)
+    check(ex, rng, documents(ids), *qkv_do(rng, 1, 1, 61, 77, 16), 16, 32, convention=f"{FORMULAS}; {WALK}")
+
+
+def test_fully_masked_rows_give_zero_not_nan(ex, rng):
+    """exp2(-inf - (-inf)) = NaN in the forward for a row no key may attend (no guard while m = -inf),
+    or P = inf times a zero mask = NaN in the backward (a product where tl.where belongs). A window of
+    8 over 40 keys leaves queries 47-59 with nothing: 47 inside a listed tile, 48-59 in a block none lists."""
+    check(ex, rng, window(8), *qkv_do(rng, 1, 1, 60, 40, 16), 16, 32, convention=MASKED_ROW)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="compiled float32 products round in tf32 and sum in another order "
+                    "in each kernel: with scores in the hundreds that moves P by a percent, not a bug")
+def test_large_scores_do_not_overflow(ex, rng):
+    """exp2 of raw scores (no max subtracted), lse in the wrong base, or m set to 0 while a row has
+    seen nothing: every score here is below -300 in base 2, so a later tile underflows to l = 0."""
+    # Multiples of 1/8 are exact in float32, so the scores carry little rounding error of their own.
+    q, k, v, do = qkv_do(rng, 1, 1, 40, 40, 16)
+    shift = torch.zeros(16, device=DEVICE)
+    shift[0] = 24.0  # q · k = -576 + noise: scores (scale 1/4) near -144, -208 in base 2
+    q, k = (((t * 4 * 8).round().clamp(-160, 160) / 8) + sign * shift for t, sign in ((q, 1), (k, -1)))
+    v, do = ((t * 8).round() / 8 for t in (v, do))
+    # A first document into query block 1, then one of one token: that row's first listed tile (key block 0) is all masked.
+    first = int(rng.integers(17, 28))
+    second = int(rng.integers(1, 40 - first - 1))
+    ids = np.repeat(np.arange(4), [first, 1, second, 40 - first - 1 - second])
+    check(ex, rng, documents(ids), q, k, v, do, 16, 16, tol=1e-4,
+          convention="subtract the running max before exp2, and keep m = -inf (subtracting 0) until a row sees a key; "
+                     "P = exp2(S·scale·log2(e) − lse·log2(e)) with lse the natural log")
+
+
+def test_each_tensor_read_and_written_with_its_own_strides(ex, rng):
+    """One tensor's strides used for another: V read (or its tiles stepped) with K's strides, dO with
+    q's, dV stored with dK's. q and k here are (B, n, H, D) tensors viewed as (B, H, n, D), as a
+    model's projections or a KV cache give them, v is contiguous, and dO is a third layout
+    (autograd's dk and dv are made like k and v, so they differ too)."""
+    q, k = (randn(rng, 2, n, 2, 16).transpose(1, 2) for n in (20, 29))
+    v = randn(rng, 2, 2, 29, 16)
+    do = randn(rng, 20, 2, 2, 16).permute(2, 1, 0, 3)
+    check(ex, rng, window(12), q, k, v, do, 16, 16, convention="read and write each tensor with its own strides")
+
+
+@pytest.mark.parametrize("D", [24, 40])
+def test_head_dim_not_a_power_of_two(ex, rng, D):
+    """Gradients of the padded columns returned, or the padded width's 1/sqrt scale used."""
+    check(ex, rng, causal(), *qkv_do(rng, 1, 1, 35, 30, D), 16, 16,
+          convention="scale defaults to 1/sqrt(D) for the caller's D")
+
+
+def test_explicit_scale(ex, rng):
+    """scale ignored, dQ or dK without the factor scale (or with it twice)."""
+    check(ex, rng, window(9), *qkv_do(rng, 1, 1, 30, 41, 16), 16, 32, scale=0.6,
+          convention="s = scale · q kᵀ; dQ = scale · dS K and dK = scale · dSᵀ Q")
+
+
+@interpreted_only
+def test_float16_in_the_interpreter(ex, rng):
+    """P or dS left in float32 for tl.dot with float16 operands, an output stored in the wrong dtype."""
+    check(ex, rng, documents(doc_ids(rng, 50, 4)), *qkv_do(rng, 1, 1, 50, 50, 16, dtype=torch.float16), 16, 32,
+          convention="cast P and dS to the input dtype for tl.dot; sums stay float32")
+
+
+# ---- which tiles each kernel walks, and how -----------------------------------------------------
+
+def entries(address, lo, hi):
+    """The int32 list entries lo..hi-1 at `address` (a list pointer a helper was given)."""
+    return np.ctypeslib.as_array((ctypes.c_int32 * hi).from_address(address))[lo:hi].tolist() if hi > lo else []
+
+
+STAGES = ("each listed block is walked once: a full block unmasked (no mask, no bounds checks), unless the "
+          "array's end cuts it; a partial block, or a full one the end cuts, MASKED; blocks past a count never")
+
+
+@interpreted_only
+def test_each_kernel_walks_the_listed_blocks_with_the_right_stage(ex, rng, monkeypatch):
+    """Every block run MASKED (the answers come out right, but each tile pays for a mask it does not
+    need), a partial block or a full one cut by the end run unmasked, blocks past a count walked
+    (a loop to T_c), a listed block skipped or walked twice, dK, dV walking the forward's lists.
+
+    _fwd_tiles, _dkdv_tiles and _dq_tiles are wrapped (tests/triton_helpers.py, record_stages)
+    while the interpreter runs the kernels as Python; each call's list entries are read back.
+    Causal over n_q = 52, n_k = 40 in blocks of 16 x 32 has partial blocks, full blocks inside the arrays
+    (query block 2, key block 0), and full blocks cut by the keys' end (key block 1, for query block 3) and
+    by the queries' end (query block 3, for both key blocks).
+    """
+    n_q, n_k, block_q, block_k = 52, 40, 16, 32
+    mask, bm, allowed, partial, full = build(ex, causal(), n_q, n_k, block_q, block_k)
+    bm = with_garbage(bm, partial, full, rng)  # kept alive: the recorded list pointers are read back below
+    walks = {name: record_stages(monkeypatch, ex, name) for name in ("_fwd_tiles", "_dkdv_tiles", "_dq_tiles")}
+    run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), bm, mask)
+    if not any(walks.values()):
+        pytest.skip("the kernels do not call _fwd_tiles, _dkdv_tiles and _dq_tiles, so their walks are not checked")
+    what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks 16 x 32)"
+    cut_by_end = {"key": n_k // block_k if n_k % block_k else None, "query": n_q // block_q if n_q % block_q else None}
+    for name, own, other in (("_fwd_tiles", "rows", "key"), ("_dq_tiles", "rows", "key"), ("_dkdv_tiles", "keys", "query")):
+        by_tile = {}
+        for c in walks[name]:
+            span = (int(np.min(c[own])), int(np.max(c[own])))
+            by_tile.setdefault(span, []).extend((j, bool(c["MASKED"])) for j in entries(c["indices"], c["lo"], c["hi"]))
+        for (first, last), walked in sorted(by_tile.items()):
+            b = first // (block_q if own == "rows" else block_k)
+            kinds = (partial[b], full[b]) if own == "rows" else (partial[:, b], full[:, b])
+            cut = cut_by_end[other]
+            want = sorted([(j, True) for j in torch.nonzero(kinds[0]).flatten().tolist()] +
+                          [(j, j == cut) for j in torch.nonzero(kinds[1]).flatten().tolist()])
+            if sorted(walked) == want:
+                continue
+            kind_of = {j: "partial" if kinds[0][j] else "full" if kinds[1][j] else "empty"
+                       for j, _ in walked + want if 0 <= j < len(kinds[0])}
+
+            def described(pairs):
+                return ", ".join(f"{j} ({kind_of.get(j, 'no such block')}, {'MASKED' if m else 'unmasked'})"
+                                 for j, m in sorted(pairs)) or "none"
+            raise AssertionError(f"{what}: {name} for {'query rows' if own == 'rows' else 'keys'} {first}-{last} "
+                                 f"walked {other} blocks {described(walked)}; expected {described(want)} "
+                                 f"({other} block {cut} is cut by the array's end)\n"
+                                 f"  convention: {STAGES}; {WALK}")
+
+
+@interpreted_only
+def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
+    """A module global read inside @triton.jit, tl.dot of float32 P by float16 dO, a mask mod the
+    compiler refuses: the interpreter runs them, a GPU refuses. The kernels compile with the
+    document mask; the window's mod compiles inside block_mask's small kernel, which runs it too."""
+    inputs = tuple(qkv_do(rng, 1, 1, 17, 20, 40, dtype=torch.float16))
+    mask, bm, *_ = build(ex, documents(doc_ids(rng, 20, 3)), 17, 20, 16, 16)
+    check_compiles_for_gpus(partial(run, ex, *inputs, bm, mask),
+                            lambda: ex.block_mask(ex.sliding_window(7), 17, 20, 16, 16))
+
+
+# ---- what the wrapper refuses (given) ------------------------------------------------------------
+
+def bad_inputs(ex):
+    """WRAPPER_BAD_INPUTS' cases with a block mask built for their q (n_q = 5) and k (n_k = 7)."""
+    bm = ex.block_mask(ex.causal, 5, 7, 16, 16)
+    cases = {case: (lambda q, k, make=make: dict(make(q, k), block_mask=bm, mask=ex.causal), words)
+             for case, (make, words) in WRAPPER_BAD_INPUTS.items()}
+    cases["mask-for-other-sizes"] = (lambda q, k: dict(q=q, k=k, v=k, block_mask=ex.block_mask(ex.causal, 5, 9, 16, 16),
+                                                       mask=ex.causal), "built for")
+    cases["not-a-mask"] = (lambda q, k: dict(q=q, k=k, v=k, block_mask=bm, mask=lambda q_idx, kv_idx: kv_idx <= q_idx),
+                           "Mask")
+    return cases
+
+
+@pytest.mark.given
+@pytest.mark.parametrize("case", [*WRAPPER_BAD_INPUTS, "mask-for-other-sizes", "not-a-mask"])
+def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
+    """The wrapper names the problem (shape, dtype, device, head dim, scale, a block mask built for other
+    sizes, a mask that is not a Mask) before any launch."""
+    build_kwargs, words = bad_inputs(ex)[case]
+    with pytest.raises(ValueError, match=words):
+        ex.block_sparse_attention(**build_kwargs(*small_qk(rng)))
+
+
+@pytest.mark.given
+@interpreted_only
+def test_interpreter_refuses_bfloat16(ex, rng):
+    """Triton's interpreter multiplies the raw bits of bfloat16 in tl.dot (errors of 1e8): refused."""
+    q, k = small_qk(rng)
+    with pytest.raises(ValueError, match="bfloat16"):
+        ex.block_sparse_attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), ex.block_mask(ex.causal, 5, 7, 16, 16),
+                                  ex.causal)
+
+
+# ---- the GPU stage -------------------------------------------------------------------------------
+
+GPU_SHAPES = [(1, 2, 2048, 2048, 64), (1, 2, 3000, 4096, 128), (2, 2, 4096, 2500, 64)]
+GPU_MASKS = {"causal": lambda rng, n: causal(), "window1000": lambda rng, n: window(1000),
+             "documents": lambda rng, n: documents(doc_ids(rng, n, 9))}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", GPU_MASKS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}-h{}-nq{}-nk{}-d{}".format(*s))
+def test_gpu_compiled_matches_autograd(ex, rng, shape, dtype, mask):
+    """Compiled-only bugs at real sizes (blocks of 128, tiles of 64): half-precision casts of P and dS,
+    bounds of the ragged last blocks, unlisted blocks read (NaN) at the compiled tile sizes."""
+    B, H, n_q, n_k, D = shape
+    q, k, v, do = qkv_do(rng, B, H, n_q, n_k, D, dtype=skip_unless_supported(dtype))
+    check(ex, rng, GPU_MASKS[mask](rng, max(n_q, n_k)), q, k, v, do, 128, 128, convention=f"{FORMULAS}; {WALK}")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_training_matches_sdpa(ex, rng):
+    """Gradients that pass the tests above but go wrong in a real model (a stride, a layout from
+    .transpose, many steps of float16): 100 steps of a 2-layer model under sliding_window(48),
+    trained with your kernel and with torch's SDPA, give the same loss at every step."""
+    seq, w = TRAIN["seq"], 48
+    mask = ex.sliding_window(w)
+    bm = ex.block_mask(mask, seq, seq, 128, 128)
+    allowed = window(w).pairs(seq, seq)
+    check_training(rng, lambda q, k, v: ex.block_sparse_attention(q, k, v, bm, mask),
+                   lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed),
+                   f"model under sliding_window({w})", "the gradients of block_sparse_attention are those of "
+                   "softmax(scale q kᵀ, masked) v, SDPA given the same mask as a boolean attn_mask")
