@@ -11,8 +11,8 @@ The idea
 The mask (kata/given/masks.py)
     A Mask holds a @triton.jit mod(q_idx, kv_idx, window, doc_ids) -> bool, 12's mask_mod for a
     kernel, and its window and doc_ids. The kernels take the mod as a constexpr (Triton compiles it
-    into them) and evaluate it with tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), which
-    is also False past the arrays' ends. block_mask(mask, n_q, n_k, block_q, block_k) is 12's,
+    into them) and evaluate it with masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids),
+    which is also False past the arrays' ends. block_mask(mask, n_q, n_k, block_q, block_k) is 12's,
     solved, on the device: int32 lists.
 
 The walk (per program; T_c key blocks, T_r query blocks)
@@ -36,9 +36,10 @@ Tiles within blocks
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
     running max stays -inf, and exp2(s - m) would be exp2(-inf + inf) = NaN. Subtract 0 instead
-    while m is -inf (but keep m itself -inf, or a later tile of very negative scores underflows); such a row keeps l = 0 and comes out o = 0, lse = -inf. In the backward its
-    lse is -inf and P = exp2(S - lse) = inf where the mask has already chosen 0: use tl.where, never
-    a product with the mask.
+    while m is -inf, but keep m itself -inf (a row set to 0 would underflow at a later tile of
+    very negative scores); such a row keeps l = 0 and comes out o = 0, lse = -inf. In the backward
+    its lse is -inf and P = exp2(S - lse) = inf where the mask has already chosen 0: use tl.where,
+    never a product with the mask.
 
 In the paper
     FlashAttention (Dao et al., 2022), section 3.3, Algorithm 5: Algorithm 1 with the inner loop
@@ -222,8 +223,8 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     """Add the query blocks indices[lo:hi], BLOCK_M rows at a time, into the float32 sums dk, dv
     of one key tile. As 09's _dkdv_tiles (transposed tiles, keys on rows), the rows from a list."""
     # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_Q // BLOCK_M per block (as in
-    #       _fwd_tiles); load Q, dO, lse, D; Pᵀ = exp2(k qᵀ · qk_scale − lse · log2 e), (MASKED) 0 where not allowed;
-    #       dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (v dOᵀ − D); dk += dSᵀ q.
+    #       _fwd_tiles); load Q, dO, lse, D; Pᵀ = exp2(k qᵀ · qk_scale − lse · log2 e), (MASKED) 0
+    #       where not allowed; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (v dOᵀ − D); dk += dSᵀ q.
     # BEGIN SOLUTION
     offs_m = tl.arange(0, BLOCK_M)
     per_block = BLOCK_Q // BLOCK_M
@@ -301,7 +302,8 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn
               BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """Add the key blocks indices[lo:hi], BLOCK_N keys at a time, into the float32 sum dq of one
     query tile. As 09's _dq_tiles, the keys from a list."""
-    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_K // BLOCK_N per block; load K, V; P = exp2(q kᵀ · qk_scale − lse2), (MASKED) 0 where not allowed;
+    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_K // BLOCK_N per block; load K, V;
+    #       P = exp2(q kᵀ · qk_scale − lse2), (MASKED) 0 where not allowed;
     #       dS = P ∘ (dO vᵀ − D); dq += dS k.
     # BEGIN SOLUTION
     offs_n = tl.arange(0, BLOCK_N)
@@ -442,6 +444,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
     check_inputs(q, k, v, scale)
     check_block_mask(block_mask, q, k)
     if not isinstance(mask, Mask):
-        raise ValueError(f"mask must be a Mask (causal, sliding_window(w), document_mask(ids)), got {type(mask).__name__}")
+        raise ValueError(f"mask must be a Mask (causal, sliding_window(w), document_mask(ids)), "
+                         f"got {type(mask).__name__}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return BlockSparseAttention.apply(q, k, v, block_mask, mask, scale)

@@ -55,7 +55,7 @@ def load_alternatives(exercise: Exercise) -> list[Alternative]:
 
 
 def main(argv: list[str]) -> int:
-    argv, fresh = fresh_flag(argv)
+    argv, fresh = fresh_flag(argv, __doc__)
     exercises = [find(a) for a in argv] if argv else EXERCISES
     alternatives = [alt for ex in exercises for alt in load_alternatives(ex)]
     for alt in alternatives:

@@ -65,7 +65,7 @@ def run_one(mutant: Mutant, fresh_seeds: bool = False) -> tuple[Mutant, str, flo
 
 
 def main(argv: list[str]) -> int:
-    argv, fresh = fresh_flag(argv)
+    argv, fresh = fresh_flag(argv, __doc__)
     exercises = [find(a) for a in argv] if argv else EXERCISES
     mutants = [m for ex in exercises for m in load_mutants(ex)]
     for m in mutants:

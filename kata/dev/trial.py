@@ -51,6 +51,12 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     return Outcome(verdict, time.perf_counter() - start, summary)
 
 
-def fresh_flag(argv: list[str]) -> tuple[list[str], bool]:
-    """The arguments without --fresh-seeds, and whether it was given."""
+def fresh_flag(argv: list[str], usage: str) -> tuple[list[str], bool]:
+    """The arguments without --fresh-seeds, and whether it was given; -h or --help prints `usage`
+    (the command's docstring) and exits, as does any other option, naming it."""
+    if "-h" in argv or "--help" in argv:
+        print(usage)
+        raise SystemExit(0)
+    if unknown := [a for a in argv if a.startswith("-") and a != "--fresh-seeds"]:
+        raise SystemExit(f"unknown option {unknown[0]}: give exercise numbers and --fresh-seeds (--help says more)")
     return [a for a in argv if a != "--fresh-seeds"], "--fresh-seeds" in argv
