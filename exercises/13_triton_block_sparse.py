@@ -236,7 +236,7 @@ class BlockSparseAttention(torch.autograd.Function):
         (B, H, n_q, _), n_k = q.shape, k.shape[2]
         o = torch.empty_like(q)
         lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-        window, doc_ids = mask.args(q.device)
+        window, doc_ids = mask.window, mask.doc_ids
         block_m, block_n, warps, stages = kernel_tiles(bm, width, q.element_size())["fwd"]
         _sparse_fwd[(triton.cdiv(n_q, block_m) * B * H,)](
             q, k, v, o, lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
@@ -256,7 +256,7 @@ class BlockSparseAttention(torch.autograd.Function):
         delta = torch.empty_like(lse)  # D = rowsum(dO ∘ O) in float32, by exercise 09's kernel
         _bwd_delta[(triton.cdiv(n_q, DELTA_ROWS) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,
                                                           HEAD_DIM=width, BLOCK_M=DELTA_ROWS)
-        window, doc_ids = mask.args(q.device)
+        window, doc_ids = mask.window, mask.doc_ids
         sizes = kernel_tiles(bm, width, q.element_size())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])

@@ -95,6 +95,11 @@ def _jit_ref(value) -> dict:
     return {"jit": value.fn.__name__, "module": value.fn.__module__, "file": inspect.getsourcefile(value.fn)}
 
 
+def _functions(launch: dict) -> list[dict]:
+    """The @triton.jit functions a launch was passed as constexprs, as _jit_ref recorded them."""
+    return [v for v in launch["constexprs"].values() if isinstance(v, dict) and "jit" in v]
+
+
 def _constexpr(value):
     """A constexpr as recorded, with a @triton.jit function found again in its module."""
     if isinstance(value, dict) and "jit" in value:
@@ -116,8 +121,7 @@ def _variants(launch: dict) -> list[tuple[str, dict]]:
 def _key(job: dict, given: bytes) -> str:
     """The verdict's key: the job, the files of the kernel and of the functions it was passed, and
     `given`, the digest of what it may call into."""
-    launch = job["launch"]
-    files = [launch["file"], *(v["file"] for v in launch["constexprs"].values() if isinstance(v, dict))]
+    files = [job["launch"]["file"], *(f["file"] for f in _functions(job["launch"]))]
     text = json.dumps(job, sort_keys=True).encode() + b"".join(Path(f).read_bytes() for f in files) + given
     return hashlib.sha256(text).hexdigest()
 
@@ -137,7 +141,7 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
     # A kernel of the kata's own (kata.given, or a solved exercise) is not the learner's code: its own
     # check compiles it, unless it runs a function of the learner's (13's block mask runs their mask mod).
     ours = [launch for launch in launches if not _kata_code(launch["module"])
-            or any(isinstance(v, dict) and not _kata_code(v["module"]) for v in launch["constexprs"].values())]
+            or any(not _kata_code(f["module"]) for f in _functions(launch))]
     jobs = {json.dumps(dict(launch=variant, dtype=dtype, target=cap), sort_keys=True): None
             for launch in ours for dtype, variant in _variants(launch) for cap in TARGETS}
     jobs = [json.loads(j) for j in jobs]
@@ -255,8 +259,7 @@ def _compile(job: dict) -> str:
         for stage in ("ttir", "ttgir") if job["ttgir"] else ("ttir",):
             module = stages[stage](module, {})
     except Exception as error:
-        files = [launch["file"], *(v["file"] for v in launch["constexprs"].values() if isinstance(v, dict))]
-        return f"{launch['name']}: {_explain(error, files)}"
+        return f"{launch['name']}: {_explain(error, [launch['file'], *(f['file'] for f in _functions(launch))])}"
     return ""
 
 

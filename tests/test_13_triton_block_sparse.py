@@ -263,7 +263,7 @@ def check_mod(ex, case, n_q, n_k):
     mask = call(case.make, ex)
     rows, keys = triton.next_power_of_2(n_q), triton.next_power_of_2(n_k)
     out = torch.zeros(rows, keys, dtype=torch.int8, device=DEVICE)
-    call(_pairs[(1,)], out, mask.mod, *mask.args(DEVICE), n_q, n_k, ROWS=rows, KEYS=keys)
+    call(_pairs[(1,)], out, mask.mod, mask.window, mask.doc_ids, n_q, n_k, ROWS=rows, KEYS=keys)
     got, want = out[:n_q, :n_k].bool().cpu(), case.pairs(n_q, n_k).cpu()
     wrong = torch.nonzero(got != want)
     if len(wrong):

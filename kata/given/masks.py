@@ -29,16 +29,11 @@ from kata.given.launch import interpreted
 
 @dataclass(frozen=True)
 class Mask:
-    """A @triton.jit mod and its arguments: `window` (an int) and `doc_ids` (an int32 tensor (n,)
-    on the device, or None)."""
+    """A @triton.jit mod and its arguments, as the kernels take them: `window` (an int) and
+    `doc_ids` (an int32 tensor (n,) on the device, or None, which a kernel takes as a constexpr)."""
     mod: object
     window: int = 0
     doc_ids: torch.Tensor | None = None
-
-    def args(self, device) -> tuple[int, torch.Tensor]:
-        """(window, doc_ids) as a kernel takes them: a mask without documents passes a placeholder."""
-        doc_ids = self.doc_ids if self.doc_ids is not None else torch.zeros(1, dtype=torch.int32, device=device)
-        return self.window, doc_ids
 
 
 @triton.jit
@@ -68,13 +63,11 @@ def _classify(KIND, MOD: tl.constexpr, window, doc_ids, n_q, n_k, t_c,
     rows = i * BLOCK_Q + tl.arange(0, BLOCK_Q)
     keys = j0 * BLOCK_K + tl.arange(0, TILES * BLOCK_K)
     allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids).to(tl.int32)
-    inside = ((rows < n_q)[:, None] & (keys < n_k)[None, :]).to(tl.int32)
-    some = tl.sum(tl.reshape(allowed, (BLOCK_Q, TILES, BLOCK_K)), 2)  # (BLOCK_Q, TILES)
-    pairs = tl.sum(tl.reshape(inside, (BLOCK_Q, TILES, BLOCK_K)), 2)
-    some_tile = tl.sum(some, 0)
-    pairs_tile = tl.sum(pairs, 0)
-    kind = tl.where(some_tile == 0, 0, tl.where(some_tile == pairs_tile, 2, 1))
+    some = tl.sum(tl.sum(tl.reshape(allowed, (BLOCK_Q, TILES, BLOCK_K)), 2), 0)  # allowed pairs per tile
     cols = j0 + tl.arange(0, TILES)
+    # the pairs inside the arrays, per tile: its rows below n_q times its keys below n_k
+    pairs = tl.minimum(n_q - i * BLOCK_Q, BLOCK_Q) * tl.minimum(tl.maximum(n_k - cols * BLOCK_K, 0), BLOCK_K)
+    kind = tl.where(some == 0, 0, tl.where(some == pairs, 2, 1))
     tl.store(KIND + i * t_c + cols, kind.to(tl.int8), mask=cols < t_c)
 
 
@@ -105,8 +98,7 @@ def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, devic
     # The interpreter runs each program as Python: one program per query block, all its tiles at once.
     tiles = triton.next_power_of_2(t_c) if interpreted() else max(1, 128 // block_k)
     kind = torch.empty((t_r, t_c), dtype=torch.int8, device=device)
-    window, doc_ids = mask.args(device)
-    _classify[(t_r, triton.cdiv(t_c, tiles))](kind, mask.mod, window, doc_ids, n_q, n_k, t_c,
+    _classify[(t_r, triton.cdiv(t_c, tiles))](kind, mask.mod, mask.window, mask.doc_ids, n_q, n_k, t_c,
                                               BLOCK_Q=block_q, BLOCK_K=block_k, TILES=tiles)
     partial, full = kind == 1, kind == 2
     return BlockMask(n_q, n_k, block_q, block_k, *_lists(partial), *_lists(full),
