@@ -303,10 +303,11 @@ def test_block_mask_matches_brute_force(ex, rng, shape):
 
 # ---- block_sparse_attention against float64 autograd --------------------------------------------
 
-@pytest.mark.parametrize("shape", [(1, 2, 45, 45, 16, 16, 32), (1, 1, 33, 90, 16, 32, 16)], ids=case_id)
+@pytest.mark.parametrize("shape", [(1, 2, 45, 45, 16, 16, 32), (1, 1, 100, 130, 16, 32, 16)], ids=case_id)
 def test_causal_matches_autograd(ex, rng, shape):
     """A partial block run unmasked, a block's tiles missing or walked twice, the ragged last block
-    dropped, a wrong formula (D missing, scale left out of dK or dQ), dK, dV over the forward's lists
+    dropped or its walk begun at the wrong tile (key block 0's full query blocks are 1, 2 and the
+    ragged 3), a wrong formula (D missing, scale left out of dK or dQ), dK, dV over the forward's lists
     instead of the transposed ones; keys past the last query are attended by none (dk = dv = 0)."""
     B, H, n_q, n_k, D, block_q, block_k = shape
     check(ex, rng, causal(), *qkv_do(rng, B, H, n_q, n_k, D), block_q, block_k, convention=f"{FORMULAS}; {WALK}")
