@@ -1,37 +1,75 @@
 """Triton's interpreter, with the cost of a @triton.jit helper call cut: the same semantics, faster.
 
-Each call of a jit function from inside a kernel re-patches triton.language, and finds what to patch
-with `inspect.getmembers` over the whole module: about a millisecond per call, most of a test's time
-when a kernel calls a helper per tile. The names of the builtins never change, so they are listed once
-per module. A module is patched whole and restored whole, so when its first builtin is already
-patched (a helper called inside a kernel) the whole module is, and there is nothing to do; otherwise
-each builtin is read and wrapped as the interpreter does.
+Each call of a jit function from inside a kernel re-patches triton.language: it scans the function's
+globals for the language modules, then finds what to patch in each with `inspect.getmembers` over
+the whole module, about a millisecond per call, most of a test's time when a kernel calls a helper
+per tile. The names of the builtins never change, so they are listed once per module, and a
+function's language modules once per function. A module is patched whole and restored whole, so
+when its first builtin is already patched (a helper called inside a kernel) the whole module is,
+and there is nothing to do; otherwise each builtin is read and wrapped as the interpreter does.
+
+Every operation also asks for its NumPy dtype through a function that builds a table of nineteen
+dtypes per call; the answers, which depend on the element type alone, are kept.
 """
 from __future__ import annotations
 
 import inspect
+import weakref
 
 
 def install() -> None:
-    """Replace the interpreter's `_patch_builtin` with one that lists each module's builtins once.
-    Leaves the interpreter as it is if this Triton lacks the functions it relies on."""
+    """Replace the interpreter's `_patch_builtin`, `_patch_lang` and `_get_np_dtype` with versions
+    that remember what never changes. Leaves the interpreter as it is if this Triton lacks the
+    functions they rely on."""
     from triton.language import core
     from triton.runtime import interpreter
 
-    original = getattr(interpreter, "_patch_builtin", None)
-    patch_attr = getattr(interpreter, "_patch_attr", None)
-    if original is None or patch_attr is None or getattr(original, "kata_fast", False):
+    functions = [getattr(interpreter, name, None) for name in ("_patch_builtin", "_patch_attr", "_patch_lang",
+                                                              "_get_np_dtype", "_LangPatchScope")]
+    if None in functions or getattr(functions[0], "kata_fast", False):
         return
+    _, patch_attr, patch_lang, get_np_dtype, scope_class = functions
     names: dict[int, list[str]] = {}
 
-    def patch_builtin(pkg, builder, scope):
+    def is_patched(pkg) -> bool:
         if id(pkg) not in names:  # first seen at a kernel's launch, before anything is patched
             names[id(pkg)] = [name for name, member in inspect.getmembers(pkg) if core.is_builtin(member)]
         builtins = names[id(pkg)]
-        if builtins and not core.is_builtin(getattr(pkg, builtins[0])):
+        return bool(builtins) and not core.is_builtin(getattr(pkg, builtins[0]))
+
+    def patch_builtin(pkg, builder, scope):
+        if is_patched(pkg):
             return  # patched by the enclosing launch: the original would find no builtin to wrap
-        for name in builtins:
+        for name in names[id(pkg)]:
             patch_attr(pkg, name, getattr(pkg, name), builder, scope)
+
+    languages = _languages()
+    langs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # fn -> the language modules it sees
+
+    def patch_lang_once(fn):
+        if fn not in langs:
+            langs[fn] = [value for value in fn.__globals__.values() if inspect.ismodule(value) and value in languages]
+        if langs[fn] and all(is_patched(lang) for lang in langs[fn]):
+            return scope_class()  # inside a launch that patched them: patching again changes nothing
+        return patch_lang(fn)
+
+    dtypes: dict = {}
+
+    def np_dtype(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, core.block_type) else tt_dtype
+        if isinstance(key, core.pointer_type):  # unhashable, and answered before the table is built
+            return get_np_dtype(key)
+        if key not in dtypes:
+            dtypes[key] = get_np_dtype(tt_dtype)
+        return dtypes[key]
 
     patch_builtin.kata_fast = True
     interpreter._patch_builtin = patch_builtin
+    interpreter._patch_lang = patch_lang_once
+    interpreter._get_np_dtype = np_dtype
+
+
+def _languages() -> tuple:
+    """The modules the interpreter patches when a function sees them: triton.language and its core."""
+    import triton.language as tl
+    return tl, tl.core

@@ -4,8 +4,9 @@ The interpreter runs a @triton.jit function as Python, so it accepts code that c
 refuses: a module global read inside the kernel, `tl.dot` of float16 by float32. Such a kernel
 passes every CPU test, then fails on the rented GPU. `record_launches()` notes each launch the
 interpreter runs (the kernel, its argument types, its constexprs); `compile_for_gpus` compiles
-each one for Ampere (sm_80) and Hopper (sm_90), in the launch's dtype and, for a float16 launch,
-in bfloat16 too (which the interpreter cannot run). Each goes as far as Triton IR (ttir), where a
+each one for Ampere (sm_80) and Hopper (sm_90) in the launch's dtype, except that a float16 launch
+is compiled in float16 for Ampere and in bfloat16 (which the interpreter cannot run) for Hopper:
+each target and each half-precision dtype once. Each goes as far as Triton IR (ttir), where a
 global or a dtype is refused; each kernel's first launch in bfloat16 on Hopper goes on to GPU IR
 (ttgir), where the target's own passes run; machine code is left to the GPU stage. Compiling needs
 no GPU, but a process without TRITON_INTERPRET: it runs in a child process, `python
@@ -107,15 +108,15 @@ def _constexpr(value):
     return value
 
 
-def _variants(launch: dict) -> list[tuple[str, dict]]:
-    """(dtype, launch) pairs: as launched, and a float16 launch again in bfloat16."""
+def _variants(launch: dict) -> list[tuple[str, dict, int]]:
+    """(dtype, launch, target) triples: as launched for both targets, but a float16 launch for
+    Ampere only, and again in bfloat16 for Hopper."""
     types = set(launch["signature"].values())
     dtype = "float16" if "*fp16" in types else "float32" if "*fp32" in types else "integer"
-    out = [(dtype, launch)]
-    if dtype == "float16":
-        as_bf16 = {k: "*bf16" if v == "*fp16" else v for k, v in launch["signature"].items()}
-        out.append(("bfloat16", dict(launch, signature=as_bf16)))
-    return out
+    if dtype != "float16":
+        return [(dtype, launch, cap) for cap in TARGETS]
+    as_bf16 = {k: "*bf16" if v == "*fp16" else v for k, v in launch["signature"].items()}
+    return [(dtype, launch, 80), ("bfloat16", dict(launch, signature=as_bf16), 90)]
 
 
 def _key(job: dict, given: bytes) -> str:
@@ -143,7 +144,7 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
     ours = [launch for launch in launches if not _kata_code(launch["module"])
             or any(not _kata_code(f["module"]) for f in _functions(launch))]
     jobs = {json.dumps(dict(launch=variant, dtype=dtype, target=cap), sort_keys=True): None
-            for launch in ours for dtype, variant in _variants(launch) for cap in TARGETS}
+            for launch in ours for dtype, variant, cap in _variants(launch)}
     jobs = [json.loads(j) for j in jobs]
     # ttgir costs five times ttir: once per kernel (its first launch), in bfloat16 on Hopper, whose
     # passes do the most; every other job stops at ttir, where a global or a dtype is refused.
@@ -259,8 +260,17 @@ def _compile(job: dict) -> str:
         for stage in ("ttir", "ttgir") if job["ttgir"] else ("ttir",):
             module = stages[stage](module, {})
     except Exception as error:
-        return f"{launch['name']}: {_explain(error, [launch['file'], *(f['file'] for f in _functions(launch))])}"
+        return f"{_kernel_name(launch)}: {_explain(error, [launch['file'], *(f['file'] for f in _functions(launch))])}"
     return ""
+
+
+def _kernel_name(launch: dict) -> str:
+    """The kernel as a learner knows it: a kata kernel that runs their function (13's block mask
+    runs their mask mod) is named by that function."""
+    if not _kata_code(launch["module"]):
+        return launch["name"]
+    theirs = ", ".join(f["jit"] for f in _functions(launch) if not _kata_code(f["module"]))
+    return f"{theirs} (run by the kata's kernel {launch['name']})"
 
 
 def _explain(error: Exception, paths: list[str]) -> str:

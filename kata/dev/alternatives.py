@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kata.dev.splice import splice
-from kata.exercises import EXERCISES, ROOT, SOLUTIONS_DIR, Exercise, find
+from kata.exercises import ROOT, SOLUTIONS_DIR, Exercise
 from kata.grader.runner import DEFAULT_TIMEOUT, timeout_for
-from kata.dev.trial import fresh_flag, run_tests
+from kata.dev.trial import parse_args, run_tests
 
 ALTERNATIVES_DIR = ROOT / "alternatives"
 
@@ -55,8 +55,7 @@ def load_alternatives(exercise: Exercise) -> list[Alternative]:
 
 
 def main(argv: list[str]) -> int:
-    argv, fresh = fresh_flag(argv, __doc__)
-    exercises = [find(a) for a in argv] if argv else EXERCISES
+    exercises, fresh = parse_args(argv, __doc__)
     alternatives = [alt for ex in exercises for alt in load_alternatives(ex)]
     for alt in alternatives:
         alt.source()  # one that no longer splices is an error before anything runs

@@ -21,8 +21,8 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from kata.exercises import EXERCISES, ROOT, SOLUTIONS_DIR, Exercise, find
-from kata.dev.trial import fresh_flag, run_tests
+from kata.exercises import ROOT, SOLUTIONS_DIR, Exercise
+from kata.dev.trial import parse_args, run_tests
 
 MUTANTS_DIR = ROOT / "mutants"
 TIMEOUT_S = 300
@@ -65,8 +65,7 @@ def run_one(mutant: Mutant, fresh_seeds: bool = False) -> tuple[Mutant, str, flo
 
 
 def main(argv: list[str]) -> int:
-    argv, fresh = fresh_flag(argv, __doc__)
-    exercises = [find(a) for a in argv] if argv else EXERCISES
+    exercises, fresh = parse_args(argv, __doc__)
     mutants = [m for ex in exercises for m in load_mutants(ex)]
     for m in mutants:
         m.source()  # a stale mutant is an error before anything runs

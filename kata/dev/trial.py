@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kata.exercises import ROOT, Exercise
+from kata.exercises import EXERCISES, ROOT, Exercise, find
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,17 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     return Outcome(verdict, time.perf_counter() - start, summary)
 
 
-def fresh_flag(argv: list[str], usage: str) -> tuple[list[str], bool]:
-    """The arguments without --fresh-seeds, and whether it was given; -h or --help prints `usage`
-    (the command's docstring) and exits, as does any other option, naming it."""
+def parse_args(argv: list[str], usage: str) -> tuple[list[Exercise], bool]:
+    """The exercises named (every one when none is) and whether --fresh-seeds was given; -h or --help
+    prints `usage` (the command's docstring) and exits, as do any other option and an exercise that
+    does not exist, naming them."""
     if "-h" in argv or "--help" in argv:
         print(usage)
         raise SystemExit(0)
     if unknown := [a for a in argv if a.startswith("-") and a != "--fresh-seeds"]:
         raise SystemExit(f"unknown option {unknown[0]}: give exercise numbers and --fresh-seeds (--help says more)")
-    return [a for a in argv if a != "--fresh-seeds"], "--fresh-seeds" in argv
+    try:
+        exercises = [find(a) for a in argv if a != "--fresh-seeds"] or list(EXERCISES)
+    except LookupError as err:
+        raise SystemExit(str(err)) from None
+    return exercises, "--fresh-seeds" in argv

@@ -3,8 +3,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kata.exercises import ROOT, find
 from kata.dev.mutants import load_mutants
+from kata.dev.trial import parse_args
 
 
 def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:
@@ -29,3 +32,10 @@ def test_the_same_wrong_solution_gets_the_same_counts_every_run(tmp_path):
     counts = {json.loads(graded(tmp_path, "02", "l_not_rescaled", "--json").stdout)["exercises"][0]["passed"]
               for _ in range(3)}
     assert len(counts) == 1, f"passed counts differ between runs: {sorted(counts)}"
+
+
+def test_the_dev_commands_name_an_exercise_that_does_not_exist():
+    """`python -m kata.dev.mutants 99` said LookupError in a traceback: it should say what to choose."""
+    with pytest.raises(SystemExit, match="no exercise '99': choose one of 01, .*13"):
+        parse_args(["99"], "usage")
+    assert parse_args(["3", "--fresh-seeds"], "usage") == ([find("03")], True)
