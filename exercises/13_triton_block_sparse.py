@@ -138,9 +138,10 @@ def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, indices
     stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
     """
     # TODO: one loop over the tiles of blocks indices[lo:hi], per_block = BLOCK_K // BLOCK_N of
-    #       them per block, tile t starting at key _tile_start(indices, t, hi, BLOCK_K, BLOCK_N), read
-    #       a trip ahead (see "Tiles within blocks"). Load K, s = q @ kᵀ, (MASKED) -inf where not allowed; update m, l, acc as in 06 (a row
-    #       whose m is still -inf subtracts 0); load V, acc += p @ v.
+    #       them per block, tile t starting at key _tile_start(indices, t, hi, BLOCK_K, BLOCK_N),
+    #       read a trip ahead (see "Tiles within blocks"). Load K, s = q @ kᵀ, (MASKED) -inf where
+    #       not allowed; update m, l, acc as in 06 (a row whose m is still -inf subtracts 0);
+    #       load V, acc += p @ v.
     raise NotImplementedError("_fwd_tiles: replace this line with your code")
 
 
