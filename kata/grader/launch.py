@@ -2,7 +2,8 @@
 
 Importing torch takes one to two seconds, and each exercise that tests with torch paid it again in
 its own process. multiprocessing's fork server imports torch (never Triton: the tests set
-TRITON_INTERPRET before they import it) and forks each test process from itself: a process of its
+TRITON_INTERPRET before they import it, and triton.language's own @triton.jit functions, tl.cdiv
+among them, read it as they are defined) and forks each test process from itself: a process of its
 own as before, with its own session, output and exit code, started with torch already in memory.
 Torch is imported but not used there, so no thread or GPU context is forked.
 """
