@@ -391,9 +391,10 @@ def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal),
     whole blocks win the forward (128 x 128 at 3 stages: 9.1, against 10.6 for 128 x 64) and dQ
     (128 x 128 at 2 stages; 3 do not fit in shared memory), and dK, dV walks query tiles of 64 at
-    3 stages (4 warps take twice as long at every size). A wider head or float32 takes tiles as many bytes as
-    those, slices of a block, and 2 stages. The interpreter's tiles are all 16, so that its blocks of 32 run the slicing
-    of both a program's own rows (as float32 does on a GPU) and the tiles it walks."""
+    3 stages (with 4 warps they take twice as long). A wider head or float32 takes tiles as many
+    bytes as those, slices of a block, and 2 stages. The interpreter's tiles are all 16, so that
+    its blocks of 32 run the slicing of both a program's own rows (as float32 does on a GPU) and
+    the tiles it walks."""
     bq, bk = block_mask.block_q, block_mask.block_k
     if interpreted():
         return dict(fwd=(16, 16, 4, 2), dkdv=(16, 16, 4, 2), dq=(16, 16, 4, 2))
