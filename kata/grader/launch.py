@@ -20,7 +20,9 @@ from multiprocessing.connection import Connection
 
 from kata.exercises import ROOT
 
-PRELOAD = ["numpy", "pytest", "torch"]  # what the test processes import, torch the slowest; a missing one is skipped
+# What the test processes import, torch the slowest; a missing one is skipped. Autograd imports
+# symbolic_shapes (and with it SymPy, 0.3 s) at the first backward given an output gradient.
+PRELOAD = ["numpy", "pytest", "torch", "torch.fx.experimental.symbolic_shapes"]
 _START = threading.Lock()  # the runner's threads start processes one at a time
 
 
