@@ -27,10 +27,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python tests/gpu_compile.py` (no fork): tests/ alone is on the path
+    sys.path.insert(0, str(ROOT))
+
 from kata.given import solved
 from kata.unfinished import error_chain
 
-ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".kata" / "cache" / "compile"
 TARGETS = {80: "Ampere (sm_80)", 90: "Hopper (sm_90)"}
 POINTER_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "i8", "int32": "i32", "int64": "i64"}
@@ -304,7 +307,6 @@ def _where(src: str, lineno: int, paths: list[str]) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(ROOT))
     print(json.dumps([_compile(job) for job in json.loads(sys.stdin.read())]))
 
 

@@ -39,3 +39,11 @@ def test_the_dev_commands_name_an_exercise_that_does_not_exist():
     with pytest.raises(SystemExit, match="no exercise '99': choose one of 01, .*13"):
         parse_args(["99"], "usage")
     assert parse_args(["3", "--fresh-seeds"], "usage") == ([find("03")], True)
+
+
+def test_the_compile_check_runs_as_a_script_where_it_cannot_fork():
+    """Without fork the compile check runs `python tests/gpu_compile.py`, whose path starts at tests/:
+    its imports of the kata failed there, and every verdict with them."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu_compile.py")], input="[]", capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "[]", done.stderr[-2000:]
