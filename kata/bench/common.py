@@ -180,6 +180,33 @@ def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float, 
     return guarded(torch, name, timed)
 
 
+def gradients(fn, q, k, v, do) -> list:
+    """dq, dk, dv of fn(q, k, v) for the output gradient do."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    fn(*leaves).backward(do)
+    return [t.grad for t in leaves]
+
+
+def speedup(cells: dict, fast: str, slow: str, key: str = "ms") -> float | None:
+    """How many times faster column `fast` is than `slow` in one cell ({column: result}): the time
+    of slow / the time of fast; None when either has no time."""
+    a, b = cells[fast], cells[slow]
+    return b[key] / a[key] if key in a and key in b else None
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+def cell(result: dict, key: str) -> str:
+    """A column's `key` in one cell as the tables print it, or the note saying why there is none."""
+    return result.get("note") or f"{result[key]:.{3 if key.endswith('ms') else 0}f}"
+
+
+def fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def default_backend(torch, q, k, v, causal: bool) -> str:
     """The backend SDPA picks for these inputs, as PyTorch's dispatcher reports it."""
     from torch.nn.attention import SDPBackend

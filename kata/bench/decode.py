@@ -20,7 +20,7 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import guarded, gpu_torch, kernel, max_error, median_ms, repeat_kv
+from kata.bench.common import fmt, guarded, gpu_torch, kernel, max_error, median_ms, repeat_kv, speedup
 from kata.exercises import SOLUTIONS_DIR
 
 H_Q, H_KV, HEAD_DIM, BYTES = 32, 8, 128, 2  # the benchmark's heads, head dimension, bfloat16
@@ -158,15 +158,6 @@ def fraction(row: dict, name: str, copy: float) -> float | None:
     return row["bytes"] / row[name]["ms"] * 1e-6 / copy if "ms" in row[name] else None
 
 
-def speedup(row: dict, mine: str, other: str) -> float | None:
-    """How many times faster `mine` is than `other`: time of other / time of mine."""
-    return row[other]["ms"] / row[mine]["ms"] if "ms" in row[mine] and "ms" in row[other] else None
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def report(rows: list[dict], names: list[str], copy: float, sdpa_note: str) -> str:
     """The three tables (ms, fraction of copy bandwidth, speed ratios) and the summary lines."""
     from tabulate import tabulate
@@ -178,11 +169,11 @@ def report(rows: list[dict], names: list[str], copy: float, sdpa_note: str) -> s
            f"{FA06}: 06's reference on K/V repeated to {H_Q} heads (4x the bytes; fractions count 8 heads')"]
     body = [keys(r) + [_cell(r[n]) for n in names] for r in rows]
     out.append("\nmedian ms\n" + tabulate(body, head + names, stralign="right", disable_numparse=True))
-    body = [keys(r) + [_fmt(fraction(r, n, copy), ".0%") for n in names] for r in rows]
+    body = [keys(r) + [fmt(fraction(r, n, copy), ".0%") for n in names] for r in rows]
     out.append("\nK and V bytes / time, as a fraction of copy bandwidth\n"
                + tabulate(body, head + names, stralign="right", disable_numparse=True))
     pairs = [(m, b) for m in mine for b in (SDPA, FA06)]
-    body = [keys(r) + [_fmt(speedup(r, m, b), ".2f") for m, b in pairs] for r in rows]
+    body = [keys(r) + [fmt(speedup(r, m, b), ".2f") for m, b in pairs] for r in rows]
     short = {YOURS: "yours", REFERENCE: "ref", SDPA: "sdpa", FA06: "06"}
     out.append("\nspeed-up, a/b = time of b / time of a (higher: a is faster)\n"
                + tabulate(body, head + [f"{short[m]}/{short[b]}" for m, b in pairs], stralign="right",

@@ -16,12 +16,11 @@ column. Without a CUDA device it says so and returns 2.
 from __future__ import annotations
 
 import argparse
-import math
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import (BACKWARD_FLOPS, default_backend, gpu_torch, kernel, measure, measure_training, pyplot,
-                               standard_attention)
+from kata.bench.common import (BACKWARD_FLOPS, cell, default_backend, geomean, gpu_torch, gradients, kernel, measure,
+                               measure_training, pyplot, speedup, standard_attention)
 from kata.exercises import SOLUTIONS_DIR
 
 TOKENS, WIDTH = 16384, 2048  # B*N and H*D of every cell
@@ -87,7 +86,7 @@ def run_cells(torch, args, table: dict) -> list[dict]:
         for name, fn in table.items():
             row[name] = measure(torch, name, partial(fn, q, k, v, causal), expected, flops)
         rows.append(row)
-        print(f"{label}: " + ", ".join(f"{name} {_cell(row[name], 'ms')}" for name in table) + " ms", flush=True)
+        print(f"{label}: " + ", ".join(f"{name} {cell(row[name], 'ms')}" for name in table) + " ms", flush=True)
     return rows
 
 
@@ -96,26 +95,19 @@ def run_training_cells(torch, args, table: dict) -> list[dict]:
     for label, row, q, k, v, flops in cells(torch, args):
         causal = row["causal"]
         do = torch.randn_like(q)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal).backward(do)
-        expected = [t.grad for t in leaves]
-        del leaves
+        expected = gradients(partial(torch.nn.functional.scaled_dot_product_attention, is_causal=causal), q, k, v, do)
         for name, fn in table.items():
             row[name] = measure_training(torch, name, lambda *t, fn=fn: fn(*t, causal), q, k, v, do, expected,
                                          flops)
         rows.append(row)
-        print(f"{label}: backward " + ", ".join(f"{name} {_cell(row[name], 'bwd_ms')}" for name in table) + " ms",
+        print(f"{label}: backward " + ", ".join(f"{name} {cell(row[name], 'bwd_ms')}" for name in table) + " ms",
               flush=True)
     return rows
 
 
-def _cell(result: dict, key: str) -> str:
-    return result.get("note") or f"{result[key]:.{3 if key.endswith('ms') else 0}f}"
-
-
 def _ratio(rows, a: str, b: str, key: str = "ms") -> list[float | None]:
     """Speed of a over b per cell: time of b / time of a."""
-    return [row[b][key] / row[a][key] if key in row[a] and key in row[b] else None for row in rows]
+    return [speedup(row, a, b, key) for row in rows]
 
 
 def _keys(r: dict) -> list:
@@ -137,8 +129,7 @@ def _ratios(rows: list[dict], names: list[str], key: str, title: str, what: str 
     for m, b in pairs + cudnn:
         ratios = [x for x in _ratio(rows, m, b, key) if x]
         if ratios:
-            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-            out.append(f"{m} vs {b}{what}: geometric mean {geo:.2f}x, min {min(ratios):.2f}x, "
+            out.append(f"{m} vs {b}{what}: geometric mean {geomean(ratios):.2f}x, min {min(ratios):.2f}x, "
                        f"max {max(ratios):.2f}x over {len(ratios)} cells")
     return out
 
@@ -147,7 +138,7 @@ def report(rows: list[dict], names: list[str]) -> str:
     from tabulate import tabulate
     out = []
     for title, key in (("median ms", "ms"), ("TFLOP/s", "tflops"), ("peak memory, MiB", "mib")):
-        body = [_keys(r) + [_cell(r[n], key) for n in names] for r in rows]
+        body = [_keys(r) + [cell(r[n], key) for n in names] for r in rows]
         out.append(f"\n{title}\n" + tabulate(body, HEAD + names, stralign="right", disable_numparse=True))
     # B*N is the same in every cell, so the totals above hide how memory grows with N; per sequence
     # it shows: linear in N for a fused kernel, N^2 for naive attention's scores.
@@ -166,7 +157,7 @@ def training_report(rows: list[dict], names: list[str]) -> str:
     for title, key in (("backward, median ms", "bwd_ms"), ("backward, TFLOP/s", "bwd_tflops"),
                        ("forward + backward, median ms", "ms"), ("forward + backward, TFLOP/s", "tflops"),
                        ("forward + backward, peak memory, MiB", "mib")):
-        body = [_keys(r) + [_cell(r[n], key) for n in names] for r in rows]
+        body = [_keys(r) + [cell(r[n], key) for n in names] for r in rows]
         out.append(f"\n{title}\n" + tabulate(body, HEAD + names, stralign="right", disable_numparse=True))
     out += _ratios(rows, names, "bwd_ms", "backward speed ratio (higher is faster)", ", backward")
     out += _ratios(rows, names, "ms", "forward + backward speed ratio (higher is faster)", ", forward + backward")

@@ -20,13 +20,13 @@ the benchmark, naming its column. Without a CUDA device it says so and returns 2
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import (BACKWARD_FLOPS, default_backend, from_exercise, gpu_torch, guarded, measure,
-                               measure_training, pyplot)
+from kata.bench.common import (BACKWARD_FLOPS, cell, default_backend, fmt, from_exercise, geomean, gpu_torch,
+                               gradients, guarded, measure, measure_training, pyplot)
+from kata.bench.common import speedup as cell_speedup
 from kata.exercises import SOLUTIONS_DIR
 from kata.tools import io_report
 
@@ -104,13 +104,6 @@ def density(first, last, block: int) -> float:
     return float((partial_tiles | full_tiles).mean())
 
 
-def gradients(fn, q, k, v, do) -> list:
-    """dq, dk, dv of fn(q, k, v) for the output gradient do."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    fn(*leaves).backward(do)
-    return [t.grad for t in leaves]
-
-
 def flex_reference(torch, fn, q, k, v, do, training: bool) -> dict:
     """FlexAttention's answer that yours is checked against, {'out', 'compile_s'} (its first call
     compiles it: the seconds that took), or {'note'}; out is o, or (dq, dk, dv) when `training`."""
@@ -122,7 +115,7 @@ def flex_reference(torch, fn, q, k, v, do, training: bool) -> dict:
     return guarded(torch, FLEX, first_call)
 
 
-def run_cell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str]) -> None:
+def runcell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str]) -> None:
     """Time yours and FlexAttention on one (mask, n) into row[pass][name]; the dense column is the
     caller's, being the same for every mask."""
     torch.compiler.reset()  # FlexAttention compiles afresh in each cell: no recompile limit is met
@@ -173,7 +166,7 @@ def run_cells(torch, args, table: dict) -> list[dict]:
         first, last = io_report.interval_bounds(n, **mask)
         row = {"mask": name, "n": n, "B": B, "density": density(first, last, BLOCK), "pairs": kept_pairs(first, last),
                "backend": dense[n]["backend"], **{key: {DENSE: dense[n][key]} for key in passes}}
-        run_cell(torch, table, row, mask, tensors, passes)
+        runcell(torch, table, row, mask, tensors, passes)
         rows.append(row)
         print(f"[{number}/{len(grid)}] {name} n={n} B={B} density {row['density']:.3f}: {_progress(row, table)}",
               flush=True)
@@ -181,23 +174,14 @@ def run_cells(torch, args, table: dict) -> list[dict]:
 
 
 def _progress(row: dict, table: dict) -> str:
-    return "; ".join(f"{PASSES[key]} ms " + ", ".join(f"{name} {_cell(row[key][name], 'ms')}" for name in table)
-                     + f" (flex compiled in {_fmt(row[key]['flex compile s'], '.0f')} s)"
+    return "; ".join(f"{PASSES[key]} ms " + ", ".join(f"{name} {cell(row[key][name], 'ms')}" for name in table)
+                     + f" (flex compiled in {fmt(row[key]['flex compile s'], '.0f')} s)"
                      for key in PASSES if key in row)
-
-
-def _cell(result: dict, key: str) -> str:
-    return result.get("note") or f"{result[key]:.{3 if key.endswith('ms') else 0}f}"
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def speedup(row: dict, key: str, fast: str, slow: str) -> float | None:
     """How many times faster `fast` is than `slow` in pass `key`: time of slow / time of fast."""
-    a, b = row[key][fast], row[key][slow]
-    return b["ms"] / a["ms"] if "ms" in a and "ms" in b else None
+    return cell_speedup(row[key], fast, slow)
 
 
 def report(rows: list[dict], mine: str) -> str:
@@ -213,9 +197,9 @@ def report(rows: list[dict], mine: str) -> str:
             f"{mine} TFLOP/s", "flex TFLOP/s", "err"]
     for key in [key for key in PASSES if rows and key in rows[0]]:
         body = [[r["mask"], r["n"], r["B"], f"{r['density']:.3f}",
-                 *(_cell(r[key][c], "ms") for c in (mine, FLEX, DENSE)),
-                 _fmt(speedup(r, key, mine, DENSE), ".2f"), _fmt(speedup(r, key, mine, FLEX), ".2f"),
-                 *(_fmt(r[key][c].get("tflops"), ".0f") for c in (mine, FLEX)), _fmt(r[key][mine].get("err"), ".1e")]
+                 *(cell(r[key][c], "ms") for c in (mine, FLEX, DENSE)),
+                 fmt(speedup(r, key, mine, DENSE), ".2f"), fmt(speedup(r, key, mine, FLEX), ".2f"),
+                 *(fmt(r[key][c].get("tflops"), ".0f") for c in (mine, FLEX)), fmt(r[key][mine].get("err"), ".1e")]
                 for r in rows]  # a column's note once, in its ms
         out.append(f"\n{PASSES[key]}\n" + tabulate(body, head, stralign="right", disable_numparse=True))
         out += summary(rows, key, mine)
@@ -227,8 +211,7 @@ def summary(rows: list[dict], key: str, mine: str) -> list[str]:
     lines = []
     ratios = [x for r in rows if (x := speedup(r, key, mine, FLEX))]
     if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        lines.append(f"{mine} vs flex, {PASSES[key]}: geometric mean {geo:.2f}x, min {min(ratios):.2f}x, "
+        lines.append(f"{mine} vs flex, {PASSES[key]}: geometric mean {geomean(ratios):.2f}x, min {min(ratios):.2f}x, "
                      f"max {max(ratios):.2f}x over {len(ratios)} cells (above 1: {mine} is faster)")
     target = [x for r in rows if (r["mask"], r["n"]) == (TARGET_MASK, TARGET_N)
               and (x := speedup(r, key, mine, DENSE)) is not None]
