@@ -48,6 +48,27 @@ def oracle_schedule(n_q, n_k, block_q, block_k, causal=False, mask=None):
     return [(i, j, not pairs.all()) for i, j, pairs in tiles if pairs.any()]
 
 
+def tile_kinds(allowed, block_q, block_k):
+    """(partial, full) bool (T_r, T_c) grids of a dense mask, from oracle_schedule: full when every
+    pair of a tile may attend, partial when some but not all, neither (empty) when none."""
+    t_r, t_c = -(-allowed.shape[0] // block_q), -(-allowed.shape[1] // block_k)
+    partial, full = np.zeros((t_r, t_c), bool), np.zeros((t_r, t_c), bool)
+    for i, j, flagged in oracle_schedule(*allowed.shape, block_q, block_k, mask=allowed):
+        (partial if flagged else full)[i, j] = True
+    return partial, full
+
+
+def poison_unscheduled(k, v, schedule, block_k):
+    """NaN in every key and value row that no scheduled tile covers; returns them and their indices."""
+    covered = np.zeros(k.shape[0], bool)
+    for _, j, _ in schedule:
+        covered[j * block_k:(j + 1) * block_k] = True
+    k, v = k.copy(), v.copy()
+    k[~covered] = np.nan
+    v[~covered] = np.nan
+    return k, v, np.flatnonzero(~covered)
+
+
 def scores(q, k, scale=None):
     """S = scale · q kᵀ in float64; scale defaults to 1/sqrt(d) only when it is None."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
-from oracles import DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, random_qkv, with_offsets
+from oracles import (DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, poison_unscheduled, random_qkv,
+                     with_offsets)
 from spies import asked_outside, record_calls, watch
 
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
@@ -68,17 +69,6 @@ def check_schedule(ex, n_q, n_k, block_q, block_k, causal=False, mask=None, labe
     assert_schedule(got, oracle_schedule(n_q, n_k, block_q, block_k, causal, mask), n_q, n_k, block_q, block_k, label)
     if mask is not None:
         assert_unmodified(before, mask, "mask")
-
-
-def poison_unscheduled(k, v, schedule, block_k):
-    """NaN in every key and value row that no scheduled tile covers; returns them and their indices."""
-    covered = np.zeros(k.shape[0], bool)
-    for _, j, _ in schedule:
-        covered[j * block_k:(j + 1) * block_k] = True
-    k, v = k.copy(), v.copy()
-    k[~covered] = np.nan
-    v[~covered] = np.nan
-    return k, v, np.flatnonzero(~covered)
 
 
 def check_attention(ex, q, k, v, block_q, block_k, causal=False, mask=None, scale=None, label="",

@@ -15,10 +15,10 @@ from checks import assert_close, assert_unmodified
 torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, call,  # noqa: E402
-                            check_compiles_for_gpus, check_precision, gpu, interpreted_only, kv_in_layouts,
-                            low_precision, masked_tiles, poison_unattended_keys, randn, record_stages, shape_id,
-                            skip_unless_supported, small_qk, tolerance)
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
+                            check_compiles_for_gpus, check_precision, forward_backward, gpu, interpreted_only,
+                            kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, qkv_do, randn,
+                            record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from training import check_training  # noqa: E402
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
@@ -31,30 +31,16 @@ WHOLE = "dK_j, dV_j sum every query tile that attends key block j; dQ_i every ke
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
 NOT_READ = ("keys that no query may attend hold NaN here: a NaN means such a key (a tile above the diagonal) "
             "was loaded; their dk and dv are 0")
-TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products compiled
-    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
-}
 
 
 def run(ex, q, k, v, do, **kw):
     """o and (dq, dk, dv) from the kernel; a stubbed kernel body surfaces as NotImplementedError."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def forward_backward():
-        o = ex.flash_attention(*leaves, **kw)
-        o.backward(do)
-        return o.detach()
-
-    return call(forward_backward), tuple(t.grad for t in leaves)
+    return forward_backward(lambda *t: ex.flash_attention(*t, **kw), q, k, v, do)
 
 
 def name(q, k, causal=False, scale=None) -> str:
     extra = (", causal" if causal else "") + (f", scale={scale}" if scale is not None else "")
     return f"flash_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra}).backward(do)"
-
-
-def numpy(t):
-    return t.detach().double().cpu().numpy()
 
 
 def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_convention=""):
@@ -63,16 +49,16 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
     before = [t.clone() for t in (q, k, v, do)]
     o, grads = run(ex, q, k, v, do, causal=causal, scale=scale)
     for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
-        assert_unmodified(numpy(t0), numpy(t), label)
+        assert_unmodified(as_numpy(t0), as_numpy(t), label)
     what = name(q, k, causal, scale)
     o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, scale=scale)
-    tol = tolerance(q.dtype, TOL)
+    tol = tolerance(q.dtype, BACKWARD_TOL)
     low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
     baseline = attention_grads(q, k, v, do, causal=causal, scale=scale, dtype=q.dtype) if low else None
     if baseline:
         check_precision(o, o_ref, baseline[0], f"{what}: o (the given forward)")
     else:
-        assert_close(numpy(o), numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
+        assert_close(as_numpy(o), as_numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
     for i, (label, t, got, expected) in enumerate(zip(("dq", "dk", "dv"), (q, k, v), grads, grads_ref)):
         assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
             f"{what}: {label} must have the dtype and shape of its input, {t.dtype} {tuple(t.shape)}, got " \
@@ -81,12 +67,8 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
             check_precision(got, expected, baseline[1][i], f"{what}: {label}", convention)
             continue
         size = max(1.0, expected.abs().max().item())
-        assert_close(numpy(got), numpy(expected), what=f"{what}: {label} (row = b, h, {label[1]} index)",
+        assert_close(as_numpy(got), as_numpy(expected), what=f"{what}: {label} (row = b, h, {label[1]} index)",
                      rtol=tol, atol=tol * size, convention=convention, nan_convention=nan_convention)
-
-
-def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
-    return (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k, n_q))
 
 
 # (B, H, n_q, n_k, D); the interpreter runs 16- and 32-row tiles in both kernels
@@ -177,10 +159,10 @@ def test_matches_torch_sdpa_gradients(ex, rng):
     _, grads = run(ex, q, k, v, do, causal=True)
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True).backward(do.double())
-    tol = tolerance(q.dtype, TOL)
+    tol = tolerance(q.dtype, BACKWARD_TOL)
     for label, got, leaf in zip(("dq", "dk", "dv"), grads, leaves):
         size = max(1.0, leaf.grad.abs().max().item())
-        assert_close(numpy(got), numpy(leaf.grad), what=f"{name(q, k, True)}: {label} vs torch SDPA",
+        assert_close(as_numpy(got), as_numpy(leaf.grad), what=f"{name(q, k, True)}: {label} vs torch SDPA",
                      rtol=tol, atol=tol * size, convention=CAUSAL)
 
 

@@ -13,7 +13,8 @@ from checks import assert_close, assert_unmodified, describe
 from hbm_helpers import call_counted, check_moves, check_outputs, totals
 from kata.given.block_mask import BlockMask
 from kata.given.hbm import HBM
-from oracles import DTYPES, TOL, attention, case_id, random_qkv, with_offsets
+from oracles import (DTYPES, TOL, attention, case_id, oracle_schedule, poison_unscheduled, random_qkv, tile_kinds,
+                     with_offsets)
 
 LISTS = ("per query block, kv_indices[i, :kv_num_blocks[i]] lists its partial key blocks (some pair "
          "masked) and full_kv_indices[i, :full_kv_num_blocks[i]] its full ones, ascending; empty tiles "
@@ -29,17 +30,6 @@ FLASH_MOVES = ("Q read once per query block, the K and V rows of each listed til
 def dense(mod, n_q, n_k):
     """The (n_q, n_k) mask, asking mod about every pair at once (a test may; block_mask may not)."""
     return np.broadcast_to(mod(np.arange(n_q)[:, None], np.arange(n_k)[None, :]), (n_q, n_k)).copy()
-
-
-def tile_kinds(allowed, block_q, block_k):
-    """(partial, full) bool grids (T_r, T_c) from the dense mask."""
-    t_r, t_c = -(-allowed.shape[0] // block_q), -(-allowed.shape[1] // block_k)
-    partial, full = np.zeros((t_r, t_c), bool), np.zeros((t_r, t_c), bool)
-    for i in range(t_r):
-        for j in range(t_c):
-            tile = allowed[i * block_q:(i + 1) * block_q, j * block_k:(j + 1) * block_k]
-            full[i, j], partial[i, j] = tile.all(), tile.any() and not tile.all()
-    return partial, full
 
 
 def lists(listed, garbage):
@@ -205,21 +195,16 @@ def test_density(ex, rng, mask):
 
 # ---- block_sparse_attention ---------------------------------------------------------------------
 
-def poisoned(k, v, allowed, block_k):
+def poisoned(k, v, allowed, block_q, block_k):
     """NaN in the keys and values of every key block no query block lists."""
-    live = np.zeros(k.shape[0], bool)
-    for j in range(0, k.shape[0], block_k):
-        live[j:j + block_k] = allowed[:, j:j + block_k].any()
-    k, v = k.copy(), v.copy()
-    k[~live], v[~live] = np.nan, np.nan
-    return k, v, np.flatnonzero(~live)
+    return poison_unscheduled(k, v, oracle_schedule(*allowed.shape, block_q, block_k, mask=allowed), block_k)
 
 
 def check_attention(ex, rng, q, k, v, mod, block_q, block_k, label, scale=None, convention=""):
     __tracebackhide__ = True
     allowed = dense(mod, q.shape[0], k.shape[0])
     o_exp, lse_exp = attention(q, k, v, allowed, scale)
-    k, v, dead = poisoned(k, v, allowed, block_k)
+    k, v, dead = poisoned(k, v, allowed, block_q, block_k)
     bm = oracle_mask(allowed, block_q, block_k, rng)
     before = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
     o, lse = ex.block_sparse_attention(q, k, v, bm, mod, **({} if scale is None else {"scale": scale}))
@@ -315,7 +300,7 @@ def run_flash(ex, rng, mod, n, d, block_q, block_k, label):
     bm = oracle_mask(allowed, block_q, block_k, rng)
     hbm = HBM(2 * block_q * d + 2 * block_k * d + block_q)
     q, k, v = rng.standard_normal((3, n, d))
-    for name, value in zip("QKV", (q, *poisoned(k, v, allowed, block_k)[:2])):
+    for name, value in zip("QKV", (q, *poisoned(k, v, allowed, block_q, block_k)[:2])):
         hbm.put(name, value)
     hbm.put("O", np.full((n, d), np.nan))
     hbm.put("L", np.full(n, np.nan))

@@ -20,14 +20,16 @@ from typing import Callable
 import numpy as np
 import pytest
 
+import oracles
 from checks import assert_close, assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, WRAPPER_BAD_INPUTS, call, check_compiles_for_gpus,  # noqa: E402
-                            check_precision, gpu, interpreted_only, low_precision, poisoned_buffers,  # noqa: F401
-                            randn, record_stages, skip_unless_supported, small_qk, tolerance)
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, WRAPPER_BAD_INPUTS, as_numpy, call,  # noqa: E402
+                            check_compiles_for_gpus, check_precision, forward_backward, gpu, interpreted_only,
+                            low_precision, poisoned_buffers, qkv_do, randn, record_stages, shape_id,  # noqa: F401
+                            skip_unless_supported, small_qk, tolerance)
 from training import TRAIN, check_training  # noqa: E402
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
@@ -53,9 +55,6 @@ UNREAD = ("NaN fills the K, V of key blocks no query block lists, the Q, dO of q
           "the blocks named by entries past each count: a NaN means such a tile was read (never read past "
           "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j]), or rows past the "
           "arrays' end (a block the end cuts, run unmasked)")
-TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products compiled
-    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
-}
 
 
 # ---- the masks, as the tests define them ---------------------------------------------------------
@@ -103,14 +102,8 @@ def doc_ids(rng, n, docs=5):
 # ---- the brute-force block mask, and the checks of ex.block_mask's lists --------------------------
 
 def tile_kinds(allowed, block_q, block_k):
-    """(partial, full) bool (T_r, T_c) CPU tensors from the dense mask: full when every pair inside the
-    arrays may attend, partial when some but not all, neither (empty) when none."""
-    (n_q, n_k), t_r, t_c = allowed.shape, triton.cdiv(allowed.shape[0], block_q), triton.cdiv(allowed.shape[1], block_k)
-    padded = torch.zeros(t_r * block_q, t_c * block_k, dtype=torch.int32, device=allowed.device)
-    inside = padded.clone()
-    padded[:n_q, :n_k], inside[:n_q, :n_k] = allowed.int(), 1
-    some, pairs = (t.view(t_r, block_q, t_c, block_k).sum((1, 3)).cpu() for t in (padded, inside))
-    return (some > 0) & (some < pairs), (some > 0) & (some == pairs)
+    """(partial, full) bool (T_r, T_c) CPU tensors from the dense mask (oracles.tile_kinds)."""
+    return tuple(torch.from_numpy(grid) for grid in oracles.tile_kinds(allowed.cpu().numpy(), block_q, block_k))
 
 
 LIST_NAMES = [("kv_num_blocks", "kv_indices", "partial", "query"), ("full_kv_num_blocks", "full_kv_indices", "full", "query"),
@@ -171,18 +164,8 @@ def poison_unlisted(q, k, v, do, partial, full, block_q, block_k):
 
 def run(ex, q, k, v, do, bm, mask, scale=None):
     """o and (dq, dk, dv) from the kernels; a stubbed kernel body surfaces as NotImplementedError."""
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-
-    def forward_backward():
-        o = ex.block_sparse_attention(*leaves, bm, mask, **({} if scale is None else {"scale": scale}))
-        o.backward(do)
-        return o.detach()
-
-    return call(forward_backward), tuple(t.grad for t in leaves)
-
-
-def numpy(t):
-    return t.detach().double().cpu().numpy()
+    kwargs = {} if scale is None else {"scale": scale}
+    return forward_backward(lambda *t: ex.block_sparse_attention(*t, bm, mask, **kwargs), q, k, v, do)
 
 
 def build(ex, case, n_q, n_k, block_q, block_k):
@@ -215,33 +198,28 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     before = [t.clone() for t in (q, k, v, do)]
     o, grads = run(ex, q, k, v, do, bm, mask, scale)
     for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
-        assert_unmodified(numpy(t0), numpy(t), label, what)
+        assert_unmodified(as_numpy(t0), as_numpy(t), label, what)
     clean_do = do.nan_to_num()  # NaN only in query blocks none lists: o = 0 there, and no gradient flows
     o_ref, grads_ref = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale)
-    tol = tol or tolerance(q.dtype, TOL)
+    tol = tol or tolerance(q.dtype, BACKWARD_TOL)
     low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
     baseline = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale, dtype=q.dtype) if low else None
     nan = f"{UNREAD}; {MASKED_ROW}"
-    assert o.dtype == q.dtype and o.shape == q.shape, \
-        f"{what}: o must have q's dtype and shape, {q.dtype} {tuple(q.shape)}, got {o.dtype} {tuple(o.shape)}"
-    for i, (label, t, got, expected) in enumerate(zip(("o", "dq", "dk", "dv"), (q, q, k, v), (o, *grads),
-                                                      (o_ref, *grads_ref))):
+    bounds = (baseline[0], *baseline[1]) if baseline else (None,) * 4
+    inputs = {"q": q, "k": k, "v": v}
+    for label, name, got, expected, bound in zip(("o", "dq", "dk", "dv"), "qqkv", (o, *grads), (o_ref, *grads_ref),
+                                                 bounds):
+        t = inputs[name]
         assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
-            f"{what}: {label} must have the dtype and shape of its input, {t.dtype} {tuple(t.shape)}, got " \
+            f"{what}: {label} must have {name}'s dtype and shape, {t.dtype} {tuple(t.shape)}, got " \
             f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
         if baseline:
-            assert not got.isnan().any(), f"{what}: {label} holds NaN\n  convention: {nan}"
-            bound = baseline[0] if label == "o" else baseline[1][i - 1]
-            check_precision(got, expected, bound, f"{what}: {label}", f"{convention}; {MASKS}")
+            check_precision(got, expected, bound, f"{what}: {label}", f"{convention}; {MASKS}", nan)
             continue
         size = max(1.0, expected.abs().max().item())
         index = "query" if label in ("o", "dq") else "key"
-        assert_close(numpy(got), numpy(expected), what=f"{what}: {label} (row = b, h, {index} index)",
+        assert_close(as_numpy(got), as_numpy(expected), what=f"{what}: {label} (row = b, h, {index} index)",
                      rtol=tol, atol=tol * size, convention=f"{convention}; {MASKS}", nan_convention=nan)
-
-
-def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
-    return (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k, n_q))
 
 
 def case_id(s):
@@ -497,7 +475,7 @@ GPU_MASKS = {"causal": lambda rng, n: causal(), "window1000": lambda rng, n: win
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", GPU_MASKS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}-h{}-nq{}-nk{}-d{}".format(*s))
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
 def test_gpu_compiled_matches_autograd(ex, rng, shape, dtype, mask):
     """Compiled-only bugs at real sizes (blocks of 128, tiles of 64): half-precision casts of P and dS,
     bounds of the ragged last blocks, unlisted blocks read (NaN) at the compiled tile sizes."""

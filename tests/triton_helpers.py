@@ -35,6 +35,9 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 FORWARD_TOL = {  # (rtol = atol) per dtype: exact float32 in the interpreter, tf32 products when compiled
     "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 5e-3, torch.bfloat16: 3e-2,
 }
+BACKWARD_TOL = {  # relative to the largest expected entry: exact float32 in the interpreter, tf32 or half products
+    "interpreted": 2e-5, torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 5e-2,
+}
 LSE = "lse is the natural log: (m + log2(l)) · ln(2) when m is kept in base 2"
 PADDING = "keys at or past kv_lens[b] are padding: never read, never weighted"
 # Keys at or past a multiple of 256 lie in no tile a causal kernel visits for queries below it, at
@@ -98,6 +101,29 @@ def call(fn, *args, **kwargs):
 def randn(rng, *shape, dtype=torch.float32):
     """Standard normal values from the test's seeded generator, on the device the tests run on."""
     return torch.from_numpy(rng.standard_normal(shape)).to(device=DEVICE, dtype=dtype)
+
+
+def qkv_do(rng, B, H, n_q, n_k, D, dtype=torch.float32):
+    """q, k, v and an output gradient do, (B, H, n, D) each, n = n_q for q and do, n_k for k and v."""
+    return (randn(rng, B, H, n, D, dtype=dtype) for n in (n_q, n_k, n_k, n_q))
+
+
+def as_numpy(t):
+    """A tensor as a float64 NumPy array, for the checks of checks.py."""
+    return t.detach().double().cpu().numpy()
+
+
+def forward_backward(attention_fn, q, k, v, do):
+    """o and (dq, dk, dv) of attention_fn(q, k, v) on leaf copies of the inputs, backward from do;
+    a stubbed kernel body surfaces as NotImplementedError."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+
+    def run():
+        o = attention_fn(*leaves)
+        o.backward(do)
+        return o.detach()
+
+    return call(run), tuple(t.grad for t in leaves)
 
 
 def kv_in_layouts(rng, B, H, n_k, D, cached):
@@ -174,12 +200,14 @@ def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, co
                  rtol=tol, atol=tol, convention=lse_convention)
 
 
-def check_precision(got, expected, baseline, what: str, convention: str = "") -> None:
+def check_precision(got, expected, baseline, what: str, convention: str = "", nan_convention: str = "") -> None:
     """flash-attn's rule for a low-precision output: max |got − expected| ≤ 2 · max |baseline −
     expected| + slack, where `expected` is float64 and `baseline` PyTorch's own attention in got's
     dtype: as accurate as PyTorch passes, rounding twice fails. The slack is twice the rounding of
-    values near 0.3 in that dtype, flash-attn's too. KATA_PRECISION_LOG=FILE appends err / bound."""
+    values near 0.3 in that dtype, flash-attn's too. KATA_PRECISION_LOG=FILE appends err / bound.
+    nan_convention: what a NaN in `got` means, said instead of a max error of nan."""
     __tracebackhide__ = True
+    assert not (nan_convention and got.isnan().any()), f"{what}: holds NaN\n  convention: {nan_convention}"
     expected = expected.double()
     err = (got.double() - expected).abs().max().item()
     near = (expected.to(got.dtype) + 0.3 - 0.3).double()  # rounded at 0.3 and back, in got's dtype
