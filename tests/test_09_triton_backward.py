@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch"
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
-                            check_compiles_for_gpus, check_precision, forward_backward, gpu, interpreted_only,
+                            check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu, interpreted_only,
                             kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, qkv_do, randn,
                             record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from training import check_training  # noqa: E402
@@ -59,16 +59,9 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
         check_precision(o, o_ref, baseline[0], f"{what}: o (the given forward)")
     else:
         assert_close(as_numpy(o), as_numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
-    for i, (label, t, got, expected) in enumerate(zip(("dq", "dk", "dv"), (q, k, v), grads, grads_ref)):
-        assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
-            f"{what}: {label} must have the dtype and shape of its input, {t.dtype} {tuple(t.shape)}, got " \
-            f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
-        if baseline:
-            check_precision(got, expected, baseline[1][i], f"{what}: {label}", convention)
-            continue
-        size = max(1.0, expected.abs().max().item())
-        assert_close(as_numpy(got), as_numpy(expected), what=f"{what}: {label} (row = b, h, {label[1]} index)",
-                     rtol=tol, atol=tol * size, convention=convention, nan_convention=nan_convention)
+    bounds = baseline[1] if baseline else (None,) * 3
+    check_outputs(what, zip(("dq", "dk", "dv"), "qkv", (q, k, v), grads, grads_ref, bounds), tol, convention,
+                  nan_convention)
 
 
 # (B, H, n_q, n_k, D); the interpreter runs 16- and 32-row tiles in both kernels

@@ -200,6 +200,25 @@ def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, co
                  rtol=tol, atol=tol, convention=lse_convention)
 
 
+def check_outputs(what: str, outputs, tol: float, convention: str = "", nan_convention: str = "") -> None:
+    """outputs: (label, input's name, input, got, expected, bound) per output of a backward. got must
+    have its input's dtype and shape; then, with a bound (PyTorch's own attention in the inputs' low
+    precision), check_precision against it, else within tol of the float64 `expected`, relative to
+    its largest entry."""
+    __tracebackhide__ = True
+    for label, name, t, got, expected, bound in outputs:
+        assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
+            f"{what}: {label} must have {name}'s dtype and shape, {t.dtype} {tuple(t.shape)}, got " \
+            f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
+        if bound is not None:
+            check_precision(got, expected, bound, f"{what}: {label}", convention, nan_convention)
+            continue
+        size = max(1.0, expected.abs().max().item())
+        index = "key" if label in ("dk", "dv") else "query"
+        assert_close(as_numpy(got), as_numpy(expected), what=f"{what}: {label} (row = b, h, {index} index)",
+                     rtol=tol, atol=tol * size, convention=convention, nan_convention=nan_convention)
+
+
 def check_precision(got, expected, baseline, what: str, convention: str = "", nan_convention: str = "") -> None:
     """flash-attn's rule for a low-precision output: max |got − expected| ≤ 2 · max |baseline −
     expected| + slack, where `expected` is float64 and `baseline` PyTorch's own attention in got's

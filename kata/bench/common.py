@@ -243,22 +243,3 @@ def standard_attention(torch, q, k, v, causal: bool = False):
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), -math.inf)
     return torch.softmax(s, dim=-1) @ v
 
-
-def reference_attention(torch, q, k, v, causal: bool = False, mask=None):
-    """Dense attention in float64 from the definition: the oracle each column is checked against.
-
-    q (B, H_q, n_q, D), k and v (B, H_kv, n_k, D), H_kv dividing H_q (GQA as in `repeat_kv`). causal:
-    query i attends key j iff j <= i (top-left), so every row keeps key 0. mask: a bool (n_q, n_k),
-    True where a query may attend a key, combined with causal by AND; every row must keep a key.
-    Returns (B, H_q, n_q, D) float64, differentiable.
-    """
-    k, v = repeat_kv(q, k.double(), v.double())
-    q = q.double()
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        n_q, n_k = s.shape[-2:]
-        s = s.masked_fill(torch.arange(n_k, device=q.device) > torch.arange(n_q, device=q.device)[:, None],
-                          -math.inf)
-    if mask is not None:
-        s = s.masked_fill(~mask, -math.inf)
-    return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)) @ v

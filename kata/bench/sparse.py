@@ -70,7 +70,8 @@ def flex_mask_mod(window: int = 0, doc_ids=None):
 def columns(torch, target: Path, device: str = "cuda", compiled: bool = True) -> dict:
     """name -> make(n, block, window=0, doc_ids=None) -> attention(q, k, v) -> o, differentiable, for the
     mask that `io_report.interval_masks` describes (doc_ids in NumPy). make builds the block mask, outside
-    the timing. compiled=False: FlexAttention runs eagerly (the CPU tests: compiling takes minutes)."""
+    the timing. The first name is 13's column: yours, or the reference when the target is solutions/.
+    compiled=False: FlexAttention runs eagerly (the CPU tests: compiling takes minutes)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     mine = REFERENCE if target.resolve() == SOLUTIONS_DIR.resolve() else YOURS
     causal, sliding_window, document_mask, block_mask, attention = from_exercise(
@@ -123,7 +124,7 @@ def runcell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str
     flops = 4 * row["pairs"] * HEAD_DIM * row["B"] * HEADS
     made = {name: guarded(torch, name, lambda make=make: {"fn": make(row["n"], BLOCK, **mask)})
             for name, make in table.items() if name != DENSE}
-    mine = next(name for name in made if name != FLEX)
+    mine = next(iter(table))
     for key in passes:
         training = key == "train"
         ref = flex_reference(torch, made[FLEX]["fn"], q, k, v, do, training) if "fn" in made[FLEX] else made[FLEX]

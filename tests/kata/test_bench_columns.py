@@ -1,4 +1,4 @@
-"""Every column of every benchmark run at a tiny size and checked against the float64 reference, and
+"""Every column of every benchmark run at a tiny size and checked against the float64 oracle, and
 the guard that lets only "this cannot run here" become a note in a table.
 
 The benchmarks time on a GPU, so a column that fails on every input (a NameError in standard
@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from triton_helpers import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
 from triton.runtime.errors import OutOfResources  # noqa: E402
+from oracles_torch import attention, attention_grads  # noqa: E402
 
 from kata.bench import common, decode, forward, main as bench_main, paper, sparse  # noqa: E402
 from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
@@ -56,7 +57,7 @@ def run(column, fn, *args):
 
 def assert_close(column, what, got, expected):
     err = (got.double() - expected).abs().max().item()
-    assert err <= TOL, f"column {column!r}: {what} is {err:.3g} off the float64 reference (tolerance {TOL:g})"
+    assert err <= TOL, f"column {column!r}: {what} is {err:.3g} off the float64 oracle (tolerance {TOL:g})"
 
 
 def with_gradients(fn, q, k, v, do):
@@ -68,14 +69,13 @@ def with_gradients(fn, q, k, v, do):
 
 
 def check_training(column, fn, q, k, v, causal, mask=None):
-    """fn(q, k, v) and its dq, dk, dv against the reference's, for a random output gradient."""
+    """fn(q, k, v) and its dq, dk, dv against the oracle's (autograd in float64), for a random output gradient."""
     do = torch.randn_like(q)
     got = run(column, with_gradients, fn, q, k, v, do)
     if got is None:
         return
-    expected = with_gradients(lambda *t: common.reference_attention(torch, *t, causal=causal, mask=mask),
-                              q.double(), k.double(), v.double(), do.double())
-    for what, mine, ref in zip(("o", "dq", "dk", "dv"), [got[0], *got[1]], [expected[0], *expected[1]]):
+    o, grads = attention_grads(q, k, v, do, keep=mask, causal=causal)
+    for what, mine, ref in zip(("o", "dq", "dk", "dv"), [got[0], *got[1]], [o, *grads]):
         assert_close(column, what, mine, ref)
 
 
@@ -85,7 +85,7 @@ def test_forward_columns_match_the_reference(target, causal):
     q, k, v = inputs(seed=1)
     table = forward.methods(torch, target)
     assert set(table) == {forward.YOURS, forward.REFERENCE, "sdpa default", *MAY_HAVE_NO_KERNEL, forward.NAIVE}
-    expected = common.reference_attention(torch, q, k, v, causal=causal)
+    expected = attention(q, k, v, causal=causal)[0]
     for column, fn in table.items():
         out = run(column, fn, q, k, v, causal)
         if out is not None:
@@ -113,7 +113,7 @@ def test_paper_columns_match_the_reference(target):
 def test_decode_columns_match_the_reference(target, num_splits):
     """`--bench decode`: one query row, 4 query heads over 2 kv heads; 06 on K/V repeated to 4 heads."""
     q, k, v = inputs(seed=4, H_q=4, H_kv=2, n_q=1, n_k=9)
-    expected = common.reference_attention(torch, q, k, v)
+    expected = attention(q, k, v)[0]
     table, _ = decode.methods(torch, target, num_splits)
     assert set(table) == {decode.YOURS, decode.REFERENCE, decode.SDPA}
     columns = [(name, fn, (q, k, v)) for name, fn in table.items()]
@@ -157,7 +157,7 @@ def test_sparse_columns_match_the_reference(target, mask):
         if column == sparse.DENSE:
             check_training(column, fn, q, k, v, causal=True)
         elif column == sparse.FLEX and INTERPRETED:
-            expected = common.reference_attention(torch, q, k, v, mask=allowed)
+            expected = attention(q, k, v, keep=allowed)[0]
             assert_close(column, "o", run(column, fn, q, k, v), expected)
         else:
             check_training(column, fn, q, k, v, causal=False, mask=allowed)
