@@ -100,8 +100,9 @@ def block_mask(mask_mod: MaskMod, n_q: int, n_k: int, block_q: int, block_k: int
 
 
 def kv_blocks(block_mask: BlockMask, i: int) -> list[tuple[int, bool]]:
-    """Query block i's key blocks as (j, masked): its full blocks (masked False), then its partial
-    blocks (masked True), each ascending; j a Python int."""
+    """Query block i's key blocks as (j, masked): its full blocks (masked False) and its partial
+    blocks (masked True), each ascending; j a Python int. Either kind may come first: the running
+    softmax gives the same answer."""
     # TODO: read each list only up to its count.
     raise NotImplementedError("kv_blocks: replace this line with your code")
 

@@ -5,8 +5,9 @@ The idea
     backward, so a model trains with a sliding window or packed documents at a cost in proportion
     to the tiles it keeps. The only change from 06 and 09 is which tiles a program visits and where
     the mask applies: a program reads its block's lists (kata/given/block_mask.py's layout) and,
-    for each listed block, folds its tiles as 06 and 09 do, the full blocks first with no mask,
-    then the partial blocks with the mask. Empty blocks are never named, so never read.
+    for each listed block, folds its tiles as 06 and 09 do, the full blocks with no mask and the
+    partial blocks with it (either kind first: the running softmax gives the same answer). Empty
+    blocks are never named, so never read.
 
 The mask (kata/given/masks.py)
     A Mask holds a @triton.jit mod(q_idx, kv_idx, window, doc_ids) -> bool, 12's mask_mod for a

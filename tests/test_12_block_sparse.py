@@ -77,7 +77,8 @@ def masks(ex, rng, n_q, n_k):
     table = rng.random((n_q, n_k)) < 0.5
     return {"causal": ex.causal, "window3": ex.sliding_window(3), "documents": ex.document_mask(docs),
             "window2_or_key0": ex.or_masks(ex.sliding_window(2), lambda q, kv: kv == 0),
-            "random": lambda q, kv: table[q, kv], "dense": lambda q, kv: np.ones(np.broadcast(q, kv).shape, bool)}
+            "random": lambda q, kv: table[q, kv], "dense": lambda q, kv: np.ones(np.broadcast(q, kv).shape, bool),
+            "keys_from5": ex.and_masks(ex.causal, lambda q, kv: kv >= 5)}  # queries 0-4 see nothing
 
 
 MASK_NAMES = ["causal", "window3", "documents", "window2_or_key0", "random", "dense"]
@@ -232,9 +233,10 @@ def test_attention_matches_oracle(ex, rng, mask, shape, dtype):
     check_attention(ex, rng, 2 * q, k, v, masks(ex, rng, n_q, n_k)[mask], block_q, block_k, mask)
 
 
-def test_mask_only_on_partial_tiles(ex, rng):
-    """mask_mod applied on full tiles too (or on the whole grid): the lesson's rule is that only
-    partial tiles pay for the mask."""
+@pytest.mark.parametrize("function", ["block_sparse_attention", "block_sparse_flash"])
+def test_mask_only_on_partial_tiles(ex, rng, function):
+    """mask_mod applied on full tiles too (or on the whole grid), in the attention or on the
+    simulator: the lesson's rule is that only partial tiles pay for the mask."""
     n, block_q, block_k = 17, 4, 3
     asked = []
 
@@ -244,14 +246,17 @@ def test_mask_only_on_partial_tiles(ex, rng):
         return ex.sliding_window(6)(q_idx, kv_idx)
     allowed = dense(ex.sliding_window(6), n, n)
     partial, _ = tile_kinds(allowed, block_q, block_k)
-    q, k, v = random_qkv(rng, n, n, 4, 3)
-    ex.block_sparse_attention(q, k, v, oracle_mask(allowed, block_q, block_k, rng), spy)
+    bm = oracle_mask(allowed, block_q, block_k, rng)
+    if function == "block_sparse_attention":
+        ex.block_sparse_attention(*random_qkv(rng, n, n, 4, 3), bm, spy)
+    else:
+        ex.block_sparse_flash(flash_hbm(rng, allowed, n, 3, block_q, block_k)[0], bm, spy)
     for i0, i1, j0, j1 in asked:
         assert i0 == i1 and j0 == j1 and partial[i0, j0], (
-            f"block_sparse_attention(sliding_window(6), n={n}, blocks {block_q} x {block_k}) asked mask_mod about "
+            f"{function}(sliding_window(6), n={n}, blocks {block_q} x {block_k}) asked mask_mod about "
             f"query blocks {i0}-{i1}, key blocks {j0}-{j1}; partial tiles are {np.argwhere(partial).tolist()}\n"
             f"  convention: the mask is applied on partial tiles only, one tile at a time")
-    assert asked, "block_sparse_attention never called mask_mod, but sliding_window(6) has partial tiles"
+    assert asked, f"{function} never called mask_mod, but sliding_window(6) has partial tiles"
 
 
 @DTYPES
@@ -294,16 +299,23 @@ def test_scale(ex, rng, scale):
 IO_SHAPES = [(1, 4, 1, 1), (7, 3, 2, 3), (13, 5, 4, 3), (16, 4, 4, 4), (23, 4, 8, 5), (37, 6, 8, 5)]
 
 
-def run_flash(ex, rng, mod, n, d, block_q, block_k, label):
-    __tracebackhide__ = True
-    allowed = dense(mod, n, n)
-    bm = oracle_mask(allowed, block_q, block_k, rng)
+def flash_hbm(rng, allowed, n, d, block_q, block_k):
+    """The simulator's HBM holding Q, K, V (n, d), the unlisted keys and values NaN, and O, L all NaN
+    (a row left unwritten shows); with the clean q, k, v."""
     hbm = HBM(2 * block_q * d + 2 * block_k * d + block_q)
     q, k, v = rng.standard_normal((3, n, d))
     for name, value in zip("QKV", (q, *poisoned(k, v, allowed, block_q, block_k)[:2])):
         hbm.put(name, value)
     hbm.put("O", np.full((n, d), np.nan))
     hbm.put("L", np.full(n, np.nan))
+    return hbm, (q, k, v)
+
+
+def run_flash(ex, rng, mod, n, d, block_q, block_k, label):
+    __tracebackhide__ = True
+    allowed = dense(mod, n, n)
+    bm = oracle_mask(allowed, block_q, block_k, rng)
+    hbm, (q, k, v) = flash_hbm(rng, allowed, n, d, block_q, block_k)
     what = f"block_sparse_flash(hbm with Q, K, V ({n}, {d}), {label}, block_q={block_q}, block_k={block_k})"
     call_counted(ex.block_sparse_flash, hbm, what, bm, mod,
                  fits="a query block's Q rows, one key tile's K and V rows, and the O and L rows being written")
@@ -311,10 +323,12 @@ def run_flash(ex, rng, mod, n, d, block_q, block_k, label):
 
 
 @pytest.mark.parametrize("shape", IO_SHAPES, ids=lambda s: case_id(n=s[0], d=s[1], bq=s[2], bk=s[3]))
-@pytest.mark.parametrize("mask", ["causal", "window3", "documents", "random"])
+@pytest.mark.parametrize("mask", ["causal", "window3", "documents", "random", "keys_from5"])
 def test_flash_is_exact_and_moves_the_listed_tiles(ex, rng, mask, shape):
     """Unlisted or garbage tiles read, Q re-read per tile, O or L written per tile, the mask skipped
-    on partial tiles, and the closed form missing the partial tiles' reads or the short last block."""
+    on partial tiles, the closed form missing the partial tiles' reads or the short last block, and
+    (keys_from5: and_masks(causal, keys >= 5)) a query block that lists no tile left unwritten, or
+    its fully masked rows given an lse other than -inf."""
     n, d, block_q, block_k = shape
     mod = masks(ex, rng, n, n)[mask]
     hbm, allowed, bm, (q, k, v), what = run_flash(ex, rng, mod, n, d, block_q, block_k, mask)

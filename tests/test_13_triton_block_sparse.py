@@ -261,8 +261,8 @@ SHAPES = [(8, 8, 16, 16), (45, 45, 16, 32), (70, 37, 32, 16), (33, 90, 16, 32)]
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "nq{}-nk{}-bq{}-bk{}".format(*s))
 def test_block_mask_matches_brute_force(ex, rng, shape):
-    """A mod wrong on some pair shows up in the lists block_mask (given) builds from it: a partial tile
-    classified full (its mask skipped) or empty, a full one listed as partial."""
+    """The learner's mods as block_mask (given) sees them, on the device: a mod wrong on some pair, or
+    one that reads doc_ids out of bounds, lists a partial tile as full or empty, or a full one as partial."""
     for case in (causal(), window(5), documents(doc_ids(rng, max(shape[:2]), 4))):
         build(ex, case, *shape)
 
@@ -381,12 +381,22 @@ def test_each_kernel_walks_the_listed_blocks_with_the_right_stage(ex, rng, monke
     if not any(walks.values()):
         pytest.skip("the kernels do not call _fwd_tiles, _dkdv_tiles and _dq_tiles, so their walks are not checked")
     what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks 16 x 32)"
+    never = [name for name, calls in walks.items() if not calls]
+    assert not never, (f"{what}: {', '.join(never)} never called, while the other helpers were: each kernel walks "
+                       f"its lists through its helper (forward _fwd_tiles, dK, dV _dkdv_tiles, dQ _dq_tiles)\n"
+                       f"  convention: {WALK}")
     cut_by_end = {"key": n_k // block_k if n_k % block_k else None, "query": n_q // block_q if n_q % block_q else None}
     for name, own, other in (("_fwd_tiles", "rows", "key"), ("_dq_tiles", "rows", "key"), ("_dkdv_tiles", "keys", "query")):
         by_tile = {}
         for c in walks[name]:
             span = (int(np.min(c[own])), int(np.max(c[own])))
             by_tile.setdefault(span, []).extend((j, bool(c["MASKED"])) for j in entries(c["indices"], c["lo"], c["hi"]))
+        size, n_own = (block_q, n_q) if own == "rows" else (block_k, n_k)
+        walked_own = {r for first, last in by_tile for r in range(first, last + 1)}
+        lists_some = (partial | full).any(1 if own == "rows" else 0)
+        unwalked = [r for r in range(n_own) if lists_some[r // size] and r not in walked_own]
+        assert not unwalked, (f"{what}: {name} never walked the lists of {'query rows' if own == 'rows' else 'keys'} "
+                              f"{unwalked[0]}-{unwalked[-1]}, whose block lists tiles\n  convention: {WALK}")
         for (first, last), walked in sorted(by_tile.items()):
             b = first // (block_q if own == "rows" else block_k)
             kinds = (partial[b], full[b]) if own == "rows" else (partial[:, b], full[:, b])
