@@ -5,8 +5,8 @@ refuses: a module global read inside the kernel, `tl.dot` of float16 by float32.
 passes every CPU test, then fails on the rented GPU. `record_launches()` notes each launch the
 interpreter runs (the kernel, its argument types, its constexprs); `compile_for_gpus` compiles
 each one for Ampere (sm_80) and Hopper (sm_90) in the launch's dtype, except that a float16 launch
-is compiled in float16 for Ampere and in bfloat16 (which the interpreter cannot run) for Hopper:
-each target and each half-precision dtype once. Each goes as far as Triton IR (ttir), where a
+is compiled in float16 for Ampere, in bfloat16 (which the interpreter cannot run) for Hopper, and
+in float32 for Ampere: each target and each dtype the GPU stage runs, at least once. Each goes as far as Triton IR (ttir), where a
 global or a dtype is refused; each kernel's first launch in bfloat16 on Hopper goes on to GPU IR
 (ttgir), where the target's own passes run; machine code is left to the GPU stage. Compiling needs
 no GPU, but a process without TRITON_INTERPRET: it runs in a child process, `python
@@ -113,13 +113,15 @@ def _constexpr(value):
 
 def _variants(launch: dict) -> list[tuple[str, dict, int]]:
     """(dtype, launch, target) triples: as launched for both targets, but a float16 launch for
-    Ampere only, and again in bfloat16 for Hopper."""
+    Ampere only, again in bfloat16 for Hopper, and in float32 (the GPU stage's third dtype) for Ampere."""
     types = set(launch["signature"].values())
     dtype = "float16" if "*fp16" in types else "float32" if "*fp32" in types else "integer"
     if dtype != "float16":
         return [(dtype, launch, cap) for cap in TARGETS]
-    as_bf16 = {k: "*bf16" if v == "*fp16" else v for k, v in launch["signature"].items()}
-    return [(dtype, launch, 80), ("bfloat16", dict(launch, signature=as_bf16), 90)]
+
+    def recast(pointer: str) -> dict:
+        return dict(launch, signature={k: pointer if v == "*fp16" else v for k, v in launch["signature"].items()})
+    return [(dtype, launch, 80), ("bfloat16", recast("*bf16"), 90), ("float32", recast("*fp32"), 80)]
 
 
 def _key(job: dict, given: bytes) -> str:
