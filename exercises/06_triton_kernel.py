@@ -38,7 +38,7 @@ Conventions
     - float32 inputs multiply in tf32 on a GPU (Triton's default for tl.dot).
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernel on the CPU, one program at a time, in
       float32 and float16 with small tiles (32 x 16); the tests also compile it for Ampere and Hopper
-      in float16 and bfloat16, where a module global read inside @triton.jit or tl.dot of mixed
+      in float16, bfloat16 and float32, where a module global read inside @triton.jit or tl.dot of mixed
       dtypes is refused. Only the GPU stage runs bfloat16, the tuned tiles and thousands of tokens.
 
 Given (kata/given/, read it: it is part of the lesson)

@@ -58,8 +58,8 @@ Conventions
       any n_q, n_k >= 1. flash_attention returns o only; its gradients have their input's dtype.
     - Sums (dK_j, dV_j, dQ_i, D) are float32; P and dS are cast to the input dtype for tl.dot.
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU in float32 and float16,
-      with small tiles (16 and 32); the tests also compile them for Ampere and Hopper in float16 and
-      bfloat16, as a GPU would. Only the GPU stage runs bfloat16, the tuned tiles, thousands of
+      with small tiles (16 and 32); the tests also compile them for Ampere and Hopper in float16,
+      bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the tuned tiles, thousands of
       tokens and the training run.
 
 Given (kata/given/)

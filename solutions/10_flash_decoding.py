@@ -41,7 +41,7 @@ Conventions
       Chunks are keys_per_split(n_k, num_splits) long, whole tiles; splits past the end are empty.
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU, one program at a time, in
       float32 and float16 with 16-key tiles; the tests also compile them for Ampere and Hopper in
-      float16 and bfloat16, as a GPU would. Only the GPU stage runs bfloat16, the real tile sizes
+      float16, bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the real tile sizes
       and split counts, and long caches.
 
 Given (kata/given/)

@@ -464,7 +464,9 @@ def test_interpreter_refuses_bfloat16(ex, rng):
 
 # ---- the GPU stage -------------------------------------------------------------------------------
 
-GPU_SHAPES = [(1, 2, 2048, 2048, 64), (1, 2, 3000, 4096, 128), (2, 2, 4096, 2500, 64)]
+# D = 40 runs padded to 64; D = 256 takes the slices of a block kernel_tiles gives the widest heads.
+GPU_SHAPES = [(1, 2, 2048, 2048, 64), (1, 2, 3000, 4096, 128), (2, 2, 4096, 2500, 64), (1, 2, 300, 200, 40),
+              (1, 2, 513, 700, 256)]
 GPU_MASKS = {"causal": lambda rng, n: causal(), "window1000": lambda rng, n: window(1000),
              "documents": lambda rng, n: documents(doc_ids(rng, n, 9))}
 
@@ -476,7 +478,8 @@ GPU_MASKS = {"causal": lambda rng, n: causal(), "window1000": lambda rng, n: win
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
 def test_gpu_compiled_matches_autograd(ex, rng, shape, dtype, mask):
     """Compiled-only bugs at real sizes (blocks of 128, tiles of 64): half-precision casts of P and dS,
-    bounds of the ragged last blocks, unlisted blocks read (NaN) at the compiled tile sizes."""
+    bounds of the ragged last blocks, unlisted blocks read (NaN) at the compiled tile sizes, head dims
+    40 to 256."""
     B, H, n_q, n_k, D = shape
     q, k, v, do = qkv_do(rng, B, H, n_q, n_k, D, dtype=skip_unless_supported(dtype))
     check(ex, rng, GPU_MASKS[mask](rng, max(n_q, n_k)), q, k, v, do, 128, 128, convention=f"{FORMULAS}; {WALK}")
