@@ -6,6 +6,8 @@ Each test's docstring names the bugs it catches; mutants/12_block_sparse.toml ho
 consumer (attention, flash, io) gets a block mask built here from the dense mask, with garbage past
 each count, and keys and values of the blocks no query block lists hold NaN.
 """
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -179,6 +181,22 @@ def test_block_mask_asks_one_tile_at_a_time(ex):
         f"block_mask(causal, n_q={n_q}, n_k={n_k}, block_q={block_q}, block_k={block_k}) asked mask_mod about "
         f"{worst[2]} pairs at once (index arrays of {worst[0]} and {worst[1]}); expected one tile, at most "
         f"{block_q * block_k}\n  convention: built one tile at a time, never an n_q x n_k array")
+
+
+def test_block_mask_never_holds_the_whole_mask(ex):
+    """The mask asked tile by tile but its answers stitched into one n_q x n_k array before the tiles
+    are classified: the memory the contract's "no n_q x n_k array" saves."""
+    n, block = 2048, 128
+    tracemalloc.start()  # NumPy reports its arrays' memory to tracemalloc
+    try:
+        ex.block_mask(ex.causal, n, n, block, block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n * n // 8, (
+        f"block_mask(causal, n_q = n_k = {n}, blocks of {block}) held {peak / 2**20:.1f} MiB at its peak; a bool "
+        f"n_q x n_k array is {n * n / 2**20:.0f} MiB, one tile {block * block / 2**10:.0f} KiB\n"
+        f"  convention: built one tile at a time, never an n_q x n_k array")
 
 
 @pytest.mark.parametrize("mask", MASK_NAMES)
