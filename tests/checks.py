@@ -1,6 +1,8 @@
 """Assertions whose failures a learner can act on: which input, which row, expected vs got, and why."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 
 
@@ -71,3 +73,19 @@ def assert_unmodified(before, after, name: str, what: str = "") -> None:
     if not np.array_equal(before, after, equal_nan=True):
         raise AssertionError(f"{what + ': ' if what else ''}{name} was modified in place\n"
                              f"  convention: inputs are never modified (work on a copy, or build new arrays)")
+
+
+def peak_bytes(call) -> int:
+    """The most memory `call()` held at once beyond what was held before it, as tracemalloc sees it
+    (NumPy reports its arrays there). A tracer already running is left running, its peak reset."""
+    running = tracemalloc.is_tracing()
+    if not running:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not running:
+            tracemalloc.stop()

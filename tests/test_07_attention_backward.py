@@ -7,12 +7,11 @@ the inputs' dtype. In the tiled tests the rows of q, o, do (query blocks) and of
 that no scheduled tile uses hold NaN: using them is a bug.
 """
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
 
-from checks import assert_close, assert_unmodified, describe
+from checks import assert_close, assert_unmodified, describe, peak_bytes
 from oracles import (DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, random_qkv, softmax, weights,
                      with_offsets)
 from oracles_torch import attention_grads, softmax_grad
@@ -462,12 +461,7 @@ def test_no_n_by_n_array(ex, rng, masked):
         o = np.where(count[:, None] > 0, (allowed @ v) / count[:, None], 0.0)
         lse = np.log(count.astype(float))
     limit = n * n * 8 // 16
-    tracemalloc.start()
-    try:
-        ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True, mask=mask)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = peak_bytes(lambda: ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True, mask=mask))
     assert peak < limit, (
         f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block}, "
         f"block_k={block}, causal=True{', mask (2048, 2048) bool' if masked else ''}): {peak / 2**20:.1f} MiB "
