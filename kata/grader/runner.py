@@ -82,8 +82,7 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
         first = next(ex for ex in order if ex.tests_import_torch)
         order = [first, *plain, *(ex for ex in order if ex.tests_import_torch and ex is not first)]
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked and ex.tests_import_torch)
-               for ex in order}
+    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked) for ex in order}
     results = []
     try:
         for ex in exercises:
@@ -100,7 +99,9 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
 
 
 def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -> ExerciseResult:
-    """Run the tests in a process of their own; keep the result when another run would give the same."""
+    """Run the tests in a process of their own, forked (when `forked`) if they import torch or the
+    fork server is already up; keep the result when another run would give the same."""
+    forked = forked and (exercise.tests_import_torch or launch.server_up())
     path, limit = target / exercise.filename, timeout_for(exercise, timeout)
     learner = path.read_bytes()
     with tempfile.TemporaryDirectory(prefix="kata-") as tmp:

@@ -71,13 +71,16 @@ def test_grading_writes_nothing_into_exercises(broken_at_import):
 
 
 def test_failures_at_run_time_are_reported_in_one_screen(tmp_path):
-    """An exception at import, an endless loop in a function, a wrong answer, a stub, a pass, GPU skips."""
+    """An exception at import, an endless loop in a function, a wrong answer, a stub, a pass, GPU skips;
+    with two exercises whose tests import torch, the test processes are forked from the fork server,
+    those of the others too once it is up."""
     root = make_repo(tmp_path, real=(), fake={
         "01": stub_plus("raise RuntimeError('boom at import')"),
         "02": SOLUTION.replace("return 42", "while True:\n        pass"),
         "03": SOLUTION,
         "04": SOLUTION.replace("return 42", "return 41"),
         "05": None,
+        "07": SOLUTION,
     })
     write_fake(root, "06", SOLUTION, test=SKIPPING_TEST)
     done = grader(root, "--timeout", "3")
@@ -85,10 +88,10 @@ def test_failures_at_run_time_are_reported_in_one_screen(tmp_path):
     assert done.returncode == 1 and "Traceback" not in out + done.stderr, out + done.stderr
     rows = {line[:2]: " ".join(line.split()[2:]) for line in out.splitlines() if line[:2].isdigit()}
     for number, words in {"01": "crashed -", "02": "timed out -", "03": "passed 1/1", "04": "failing 0/1",
-                          "05": "not started -", "06": "passed 1/1"}.items():
+                          "05": "not started -", "06": "passed 1/1", "07": "passed 1/1"}.items():
         assert rows[number].startswith(words), out
     assert "1 skipped: no CUDA GPU" in rows["06"]
-    assert f"]  2 of {len(EXERCISES)} exercises passed" in out
+    assert f"]  3 of {len(EXERCISES)} exercises passed" in out
     assert "Next: 01 safe_softmax, softmax without overflow (crashed)\n  open exercises/01_safe_softmax.py" in out
     assert "RuntimeError: boom at import" in out
     assert "python grader.py hint 01" in out
