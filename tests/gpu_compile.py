@@ -6,11 +6,11 @@ passes every CPU test, then fails on the rented GPU. `record_launches()` notes e
 interpreter runs (the kernel, its argument types, its constexprs); `compile_for_gpus` compiles
 each one for Ampere (sm_80) and Hopper (sm_90) in the launch's dtype, except that a float16 launch
 is compiled in float16 for Ampere, in bfloat16 (which the interpreter cannot run) for Hopper, and
-in float32 for Ampere: each target and each dtype the GPU stage runs, at least once. Each goes as far as Triton IR (ttir), where a
-global or a dtype is refused; each kernel's first launch in bfloat16 on Hopper goes on to GPU IR
-(ttgir), where the target's own passes run; machine code is left to the GPU stage. Compiling needs
-no GPU, but a process without TRITON_INTERPRET: it runs in a child process, `python
-tests/gpu_compile.py`, and its verdicts are cached by content.
+in float32 for Ampere: each target and each dtype the GPU stage runs, at least once. Each goes as
+far as Triton IR (ttir), where a global or a dtype is refused; each kernel's first launch in
+bfloat16 on Hopper goes on to GPU IR (ttgir), where the target's own passes run; machine code is
+left to the GPU stage. Compiling needs no GPU, but a process without TRITON_INTERPRET: it runs in a
+child process, `python tests/gpu_compile.py`, and its verdicts are cached by content.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch"
 from oracles_torch import attention  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
-                            call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
+                            assert_called, call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
                             poison_padding, poisoned_buffers, randn, record_stages,  # noqa: F401 (a fixture)
                             skip_unless_supported, tolerance, visible)
 
@@ -228,9 +228,7 @@ def test_only_the_ragged_end_of_a_chunk_is_folded_masked(ex, rng, monkeypatch, n
     walks = record_stages(monkeypatch, ex, "attn_tiles")
     q, k, v = qkv(rng, 2, 4, 2, 3, 70, 16)
     call(ex.flash_decode, q, k, v, kv_lens=torch.tensor([70, 37]), num_splits=num_splits)
-    assert walks, (f"{name(q, k, torch.tensor([70, 37]), num_splits)}: the split kernel never called attn_tiles "
-                   f"(06's loop, given): it folds its chunk through it, and this check sees through it which "
-                   f"tiles run MASKED")
+    assert_called(name(q, k, torch.tensor([70, 37]), num_splits), {"attn_tiles (06's loop, given)": walks})
     for walk, start in masked_tiles(walks, "BLOCK_N"):
         if start + walk["BLOCK_N"] <= walk["n_keys"]:
             raise AssertionError(f"{name(q, k, torch.tensor([70, 37]), num_splits)}: attn_tiles folded keys "

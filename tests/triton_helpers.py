@@ -252,6 +252,15 @@ def record_stages(monkeypatch, module, name: str) -> list[dict]:
     return record_calls(monkeypatch, module, name, lambda args: {key: plain(value) for key, value in args.items()})
 
 
+def assert_called(what: str, recorded: dict[str, list], convention: str = "") -> None:
+    """Each helper record_stages wrapped was called: a kernel that folds its tiles without it (a loop
+    of its own, the helper under another name) would leave its stages unchecked."""
+    never = [name for name, calls in recorded.items() if not calls]
+    assert not never, (f"{what}: {' and '.join(never)} never called: the kernels fold their tiles through "
+                       f"{'it' if len(never) == 1 else 'them'}, and this check sees there which tiles run MASKED"
+                       + (f"\n  convention: {convention}" if convention else ""))
+
+
 def masked_tiles(calls: list[dict], block: str) -> list[tuple[dict, int]]:
     """(call, tile start) for every tile the recorded calls walk with MASKED set."""
     return [(c, start) for c in calls if c["MASKED"] for start in range(c["lo"], c["hi"], c[block])]

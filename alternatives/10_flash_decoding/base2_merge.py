@@ -5,11 +5,7 @@ import triton.language as tl
 
 @triton.jit
 def _merge_kernel(O_PART, LSE_PART, O, LSE, num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """One program: one output row, merging its num_splits partials BLOCK_S at a time.
-
-    O_PART (rows, num_splits, HEAD_DIM) and LSE_PART (rows, num_splits) float32, contiguous;
-    O (rows, HEAD_DIM) in the output dtype and LSE (rows,) float32, contiguous.
-    """
+    """The solution's merge, its weights exp2((lse_s - M) log2 e) and its log log2(total) ln 2."""
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
     cols = tl.arange(0, HEAD_DIM)
