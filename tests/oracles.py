@@ -69,6 +69,16 @@ def poison_unscheduled(k, v, schedule, block_k):
     return k, v, np.flatnonzero(~covered)
 
 
+def documents_named_out_of_order(rng, runs):
+    """Document ids from run numbers (0, 0, 1, 2, 2, ...: one run of positions per document), each
+    document renamed so that the ids do not ascend: a mask that finds documents by searching a
+    sorted array would pass ascending ids."""
+    names = rng.permutation(int(runs.max()) + 1)
+    if names.size > 1 and (np.diff(names) > 0).all():
+        names = names[::-1]
+    return names[runs]
+
+
 def scores(q, k, scale=None):
     """S = scale · q kᵀ in float64; scale defaults to 1/sqrt(d) only when it is None."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)

@@ -13,8 +13,8 @@ from checks import assert_close, assert_unmodified, describe, peak_bytes
 from hbm_helpers import call_counted, check_moves, check_outputs, totals
 from kata.given.block_mask import BlockMask
 from kata.given.hbm import HBM
-from oracles import (DTYPES, TOL, attention, case_id, oracle_schedule, poison_unscheduled, random_qkv, tile_kinds,
-                     with_offsets)
+from oracles import (DTYPES, TOL, attention, case_id, documents_named_out_of_order, oracle_schedule, poison_unscheduled,
+                     random_qkv, tile_kinds, with_offsets)
 
 LISTS = ("per query block, kv_indices[i, :kv_num_blocks[i]] lists its partial key blocks (some pair "
          "masked) and full_kv_indices[i, :full_kv_num_blocks[i]] its full ones, ascending; empty tiles "
@@ -66,9 +66,10 @@ def listed_keys(allowed, block_q, block_k):
 # ---- the masks the tests use --------------------------------------------------------------------
 
 def doc_ids(rng, n, docs):
-    """Sorted document ids for n positions in `docs` documents of random lengths (some of one token)."""
+    """Document ids for n positions in `docs` documents of random lengths (some of one token),
+    named out of order."""
     cuts = np.sort(rng.choice(np.arange(1, n), size=min(docs, n) - 1, replace=False))
-    return np.searchsorted(cuts, np.arange(n), side="right")
+    return documents_named_out_of_order(rng, np.searchsorted(cuts, np.arange(n), side="right"))
 
 
 def masks(ex, rng, n_q, n_k):
@@ -195,8 +196,9 @@ def test_block_mask_never_holds_the_whole_mask(ex):
 
 @pytest.mark.parametrize("mask", MASK_NAMES)
 def test_density(ex, rng, mask):
-    """Density counting partial tiles only, full only, or reading past the counts (garbage)."""
-    n_q, n_k, block_q, block_k = 11, 13, 3, 4
+    """Density counting partial tiles only, full only, reading past the counts (garbage), or
+    dividing by T_r² or T_c² (here T_r = 4 query blocks, T_c = 3 key blocks)."""
+    n_q, n_k, block_q, block_k = 11, 13, 3, 5
     allowed = dense(masks(ex, rng, n_q, n_k)[mask], n_q, n_k)
     partial, full = tile_kinds(allowed, block_q, block_k)
     got = ex.density(oracle_mask(allowed, block_q, block_k, rng))
@@ -323,13 +325,14 @@ def flash_hbm(rng, allowed, n, d, block_q, block_k):
     return hbm, (q, k, v)
 
 
-def run_flash(ex, rng, mod, n, d, block_q, block_k, label):
+def run_flash(ex, rng, mod, n, d, block_q, block_k, label, scale=None):
     __tracebackhide__ = True
     allowed = dense(mod, n, n)
     bm = oracle_mask(allowed, block_q, block_k, rng)
     hbm, (q, k, v) = flash_hbm(rng, allowed, n, d, block_q, block_k)
-    what = f"block_sparse_flash(hbm with Q, K, V ({n}, {d}), {label}, block_q={block_q}, block_k={block_k})"
-    call_counted(ex.block_sparse_flash, hbm, what, bm, mod,
+    what = (f"block_sparse_flash(hbm with Q, K, V ({n}, {d}), {label}, block_q={block_q}, block_k={block_k}"
+            + ("" if scale is None else f", scale={scale}") + ")")
+    call_counted(ex.block_sparse_flash, hbm, what, bm, mod, scale=scale,
                  fits="a query block's Q rows, one key tile's K and V rows, and the O and L rows being written")
     return hbm, allowed, bm, (q, k, v), what
 
@@ -353,6 +356,17 @@ def test_flash_is_exact_and_moves_the_listed_tiles(ex, rng, mask, shape):
     assert tuple(got) == (hbm.reads, hbm.writes) == totals(moves), (
         f"block_sparse_io({n}, {d}, {block_q}, {block_k}, {mask}) = {tuple(got)}, the simulation moved "
         f"{(hbm.reads, hbm.writes)}, the hand count is {totals(moves)} (reads, writes)\n  convention: {FLASH_MOVES}")
+
+
+@pytest.mark.parametrize("scale", [0.3, 0.0], ids=["0.3", "0.0"])
+def test_flash_scale(ex, rng, scale):
+    """block_sparse_flash ignoring its scale (every tile at 1/sqrt(d)), or taking 0.0 for a missing one."""
+    n, d, block_q, block_k = 13, 5, 4, 3
+    mod = masks(ex, rng, n, n)["causal"]
+    hbm, allowed, _, (q, k, v), what = run_flash(ex, rng, mod, n, d, block_q, block_k, "causal", scale)
+    o, lse = attention(q, k, v, allowed, scale)
+    check_outputs(hbm, {"O": (o, f"scores are scale · q kᵀ, here scale = {scale}"),
+                        "L": (lse, f"lse of scale · q kᵀ, here scale = {scale}")}, what)
 
 
 SWEEP = [(n, d, bq, bk) for n in (1, 2, 5, 9, 16, 33) for d, bq, bk in ((4, 4, 4), (3, 2, 5), (8, 5, 3))]
