@@ -390,12 +390,13 @@ def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, 
 def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel for this mask, head width and
     element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal),
-    whole blocks win the forward (128 x 128 at 3 stages: 9.1, against 10.6 for 128 x 64) and dQ
-    (128 x 128 at 2 stages; 3 do not fit in shared memory), and dK, dV walks query tiles of 64 at
-    3 stages (with 4 warps they take twice as long). A wider head or float32 takes tiles as many
-    bytes as those, slices of a block, and 2 stages. The interpreter's tiles are all 16, so that
-    its blocks of 32 run the slicing of both a program's own rows (as float32 does on a GPU) and
-    the tiles it walks."""
+    whole blocks win the forward (128 x 128 at 3 stages: 9.0, against 9.6 for 128 x 64), dK, dV
+    walks query tiles of 64 at 3 stages (with 4 warps they take twice as long), and dQ walks key
+    tiles of 64 at 3 stages (the whole backward 28.2, against 29.7 for whole blocks at 2 stages;
+    window 1k, documents and window 4k at 64k: 4.91, 10.81, 15.04 against 5.18, 11.50, 15.37).
+    A wider head or float32 takes tiles as many bytes as those, slices of a block, and 2 stages.
+    The interpreter's tiles are all 16, so that its blocks of 32 run the slicing of both a
+    program's own rows (as float32 does on a GPU) and the tiles it walks."""
     bq, bk = block_mask.block_q, block_mask.block_k
     if interpreted():
         return dict(fwd=(16, 16, 4, 2), dkdv=(16, 16, 4, 2), dq=(16, 16, 4, 2))
@@ -403,7 +404,8 @@ def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     rows, keys = min(bq, fits), min(bk, fits)
     warps = 8 if width >= 64 else 4
     stages = 3 if width * itemsize <= 256 else 2  # a third buffer of K and V tiles fits beside 128-wide bfloat16
-    return dict(fwd=(rows, keys, warps, stages), dkdv=(min(rows, 64), keys, warps, stages), dq=(rows, keys, warps, 2))
+    return dict(fwd=(rows, keys, warps, stages), dkdv=(min(rows, 64), keys, warps, stages),
+                dq=(rows, max(16, keys // 2), warps, stages))
 
 
 class BlockSparseAttention(torch.autograd.Function):

@@ -12,6 +12,7 @@ gpu add float16, bfloat16 and float32 at thousands of tokens and a training run 
 Each test's name says the bug it catches.
 """
 import ctypes
+import itertools
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
@@ -80,23 +81,29 @@ def window(w):
                 lambda n_q, n_k: (lambda i, j: (j <= i) & (i - w < j))(*grid(n_q, n_k)))
 
 
-def documents(ids):
-    """document_mask of ids (n,), a NumPy int array: int64 on the device, as a caller might pass it."""
-    lengths = np.bincount(ids).tolist()
+def documents(ids, strided=False):
+    """document_mask of ids (n,), a NumPy int array: int64 on the device, as a caller might pass it;
+    strided: int32, every other element of a tensor twice as long (a view the kernels cannot index
+    as it is)."""
+    lengths = [len(list(run)) for _, run in itertools.groupby(ids.tolist())]
     ids_t = torch.as_tensor(ids, device=DEVICE)
+
+    def passed():
+        return torch.as_tensor(ids, dtype=torch.int32, device=DEVICE).repeat_interleave(2)[::2] if strided else ids_t.clone()
 
     def pairs(n_q, n_k):
         i, j = grid(n_q, n_k)
         return (ids_t[:n_q, None] == ids_t[None, :n_k]) & (j <= i)
-    return Case(f"document_mask(documents of lengths {lengths})", lambda ex: ex.document_mask(ids_t.clone()), pairs)
+    label = f"document_mask({'a strided int32 view of ' if strided else ''}documents of lengths {lengths})"
+    return Case(label, lambda ex: ex.document_mask(passed()), pairs)
 
 
 def doc_ids(rng, n, docs=5):
-    """Sorted document ids over n positions: `docs` or so documents of random lengths, one of them a
-    single token."""
+    """Document ids over n positions: `docs` or so documents of random lengths, one of them a single
+    token, named out of order."""
     cuts = set(rng.choice(np.arange(1, n - 1), size=docs - 2, replace=False).tolist())
     cuts.add(int(rng.choice(sorted(cuts))) + 1)  # the document starting at that cut is one token long
-    return np.searchsorted(sorted(cuts), np.arange(n), side="right")
+    return oracles.documents_named_out_of_order(rng, np.searchsorted(sorted(cuts), np.arange(n), side="right"))
 
 
 # ---- the brute-force block mask, and the checks of ex.block_mask's lists --------------------------
@@ -292,6 +299,23 @@ def test_document_mask_matches_autograd(ex, rng):
     check(ex, rng, documents(ids), *qkv_do(rng, 1, 1, 61, 77, 16), 16, 32, convention=f"{FORMULAS}; {WALK}")
 
 
+def test_document_ids_as_a_strided_view(ex, rng):
+    """doc_ids kept as passed: the mod indexes doc_ids + i, which a strided view does not hold."""
+    check(ex, rng, documents(doc_ids(rng, 50, 4), strided=True), *qkv_do(rng, 1, 1, 50, 50, 16), 16, 16,
+          convention="document_mask keeps its ids as int32, contiguous: the kernels index them")
+
+
+def test_kernel_tiles_of_two_sizes(ex, rng, monkeypatch):
+    """BLOCK_M and BLOCK_N taken for each other: a program's list row found from the other tile size,
+    or the tiles it walks sized as its own. The interpreter's tiles are square, but a GPU's are not
+    (dK, dV walk 64 query rows per 128 keys, dQ 64 keys per 128 rows); here every kernel gets two sizes."""
+    tiles = dict(fwd=(16, 32, 4, 2), dkdv=(16, 32, 4, 2), dq=(32, 16, 4, 2))
+    monkeypatch.setattr(ex, "kernel_tiles", lambda block_mask, width, itemsize: tiles)
+    for case, n_q, n_k in ((causal(), 70, 53), (window(9), 53, 70)):
+        check(ex, rng, case, *qkv_do(rng, 1, 2, n_q, n_k, 16), 32, 32,
+              convention=f"tiles (BLOCK_M, BLOCK_N) {tiles}: BLOCK_M rows of queries, BLOCK_N keys; {WALK}")
+
+
 def test_fully_masked_rows_give_zero_not_nan(ex, rng):
     """exp2(-inf - (-inf)) = NaN in the forward for a row no key may attend (no guard while m = -inf),
     or P = inf times a zero mask = NaN in the backward (a product where tl.where belongs). A window of
@@ -348,6 +372,16 @@ def test_float16_in_the_interpreter(ex, rng):
     """P or dS left in float32 for tl.dot with float16 operands, an output stored in the wrong dtype."""
     check(ex, rng, documents(doc_ids(rng, 50, 4)), *qkv_do(rng, 1, 1, 50, 50, 16, dtype=torch.float16), 16, 32,
           convention="cast P and dS to the input dtype for tl.dot; sums stay float32")
+
+
+def test_lse_stays_float32_under_float16_inputs(ex, rng):
+    """lse stored in the inputs' dtype: float16 steps by 1/16 near 120, where these scores lie (q and
+    k share a shift of 22 in their first column), so the backward's P = exp(S - lse) is off by up to 3%."""
+    q, k, v, do = qkv_do(rng, 1, 1, 48, 48, 16, dtype=torch.float16)
+    shift = torch.zeros(16, dtype=torch.float16, device=DEVICE)
+    shift[0] = 22.0
+    check(ex, rng, causal(), q + shift, k + shift, v, do, 16, 16,
+          convention="lse (B, H, n_q) is float32 whatever the inputs' dtype, as in 06 and 09")
 
 
 # ---- which tiles each kernel walks, and how -----------------------------------------------------
