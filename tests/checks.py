@@ -4,6 +4,9 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import pytest
+
+AFTER_CALL = pytest.StashKey[list]()  # checks a fixture leaves for after the test's body (run by conftest)
 
 
 def describe(name: str, a) -> str:

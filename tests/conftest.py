@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
+from checks import AFTER_CALL
 from kata.exercises import find, load, resolve_target
 from kata.grader.pytest_plugin import message_of
 from kata.unfinished import mentions_not_implemented
@@ -54,6 +55,17 @@ def rng(request):
     seed = seed_for(request)
     request.node.kata_seed = seed
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Run the checks a fixture left in item.stash[AFTER_CALL] once the test's body has passed: a
+    failure there is the test's own, where a fixture's teardown would report an error."""
+    __tracebackhide__ = True
+    result = yield
+    for check in item.stash.get(AFTER_CALL, []):
+        check()
+    return result
 
 
 @pytest.hookimpl(wrapper=True)

@@ -17,8 +17,8 @@ from oracles_torch import attention_grads  # noqa: E402 - only once torch is kno
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
                             assert_called, check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu, interpreted_only,
-                            kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, qkv_do, randn,
-                            record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
+                            kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
+                            qkv_do, randn, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from training import check_training  # noqa: E402
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fast_interpreter
-from checks import assert_close, assert_unmodified
+from checks import AFTER_CALL, assert_close, assert_unmodified
 from gpu_compile import compile_for_gpus, record_launches, start_compiler
 from kata.gpu import bf16_missing, gpu_skip_reason
 from kata.unfinished import error_chain
@@ -285,13 +285,35 @@ def skip_unless_supported(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+GUARD = 1 << 16  # elements after each new float buffer: more than a tile of rows stored past its end
+
+
 @pytest.fixture(autouse=True)
-def poisoned_buffers(monkeypatch):
-    """New float buffers start as NaN, so an output element a kernel never writes shows up."""
+def poisoned_buffers(monkeypatch, request):
+    """New float buffers start as NaN, so an output element a kernel never writes shows up. Each is
+    followed by GUARD elements of NaN that must stay NaN: a store past the buffer's end (a tile's
+    rows past n stored without their mask) lands there and is named, where it would have written
+    over other memory, crashing the interpreter or, on a GPU, corrupting another tensor."""
     empty, empty_like = torch.empty, torch.empty_like
+    guarded = []
 
     def poison(t):
-        return t.fill_(math.nan) if t.is_floating_point() else t
+        if not t.is_floating_point():
+            return t
+        extent = t.untyped_storage().nbytes() // t.element_size()
+        base = empty(extent + GUARD, dtype=t.dtype, device=t.device).fill_(math.nan)
+        guarded.append((base[extent:], t.dtype, tuple(t.shape)))
+        return base.as_strided(t.shape, t.stride()).requires_grad_(t.requires_grad)
+
+    def guards_untouched():
+        __tracebackhide__ = True
+        for guard, dtype, shape in guarded:
+            written = torch.nonzero(~torch.isnan(guard))
+            assert not written.numel(), (
+                f"a kernel wrote {written.numel()} elements past the end of a new {str(dtype)[6:]} tensor of shape "
+                f"{shape} (an output), the nearest at offset {int(written[0])} past its last element\n  convention: "
+                f"a store of a tile whose rows may pass the array's end is masked to the rows that exist")
 
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+    request.node.stash.setdefault(AFTER_CALL, []).append(guards_untouched)
