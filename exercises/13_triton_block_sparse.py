@@ -17,25 +17,36 @@ The mask (kata/given/masks.py)
     solved, on the device: int32 lists.
 
 The walk (per program; T_c key blocks, T_r query blocks)
-    forward, one program per BLOCK_M rows of query block i:
+    forward, one program per BLOCK_M rows of query block i, one loop over
         the full blocks full_kv_indices[i, :full_kv_num_blocks[i]]  unmasked
-        the partial blocks kv_indices[i, :kv_num_blocks[i]]         MASKED
+        then the partial blocks kv_indices[i, :kv_num_blocks[i]]    masked
     dK, dV, one program per BLOCK_N keys of key block j: the same over full_q_indices[j] and
     q_indices[j] (the transposed lists). dQ, one program per BLOCK_M rows: the forward's lists.
-    MASKED tiles apply the mask and bounds-check their loads. A full block cut by the array's end
-    (the last block, when n is not a multiple of the block size: only the last of a list, since
-    lists ascend) also runs MASKED: past the end there is no memory to read.
+    A masked tile applies the mask through tile_allowed. A full block cut by the array's end (the
+    last block, when n is not a multiple of the block size: only the last of its list, since lists
+    ascend) is masked too: the rows or keys past the end must weigh 0.
+
+One loop a program
+    The full list and then the partial list are one walk of tiles, t = 0, 1, ...: the mask applies
+    from the first masked tile on (a runtime `if`, the same for every row of the tile). One loop,
+    not one per list, because the compiler overlaps the loads of a loop's coming trips only within
+    that loop: each loop fills and drains its own pipeline, which costs most where lists are short.
+    Advice, for speed (the tests cannot see it): read the next tile's start at the end of each trip,
+    not at its top. The compiler fetches K and V tiles ahead only when their address is known a trip
+    early (an H200's forward, causal at n = 16k: 10.3 ms with the start read in the same trip, 9.1 ms
+    with it read a trip ahead).
 
 Tiles within blocks
     A program's tiles may be smaller than the mask's blocks: BLOCK_M divides block_q and BLOCK_N
     divides block_k (so that 128-wide blocks can run as 64-wide tiles, which fit the registers).
-    A listed block is then folded as block / BLOCK tiles in a row, each with its block's flag.
-    Advice, for speed (the tests cannot see it): make that one loop over all the tiles of a list
-    rather than a loop per block, since the compiler overlaps the loads of the innermost loop only;
-    and read the next tile's start at the end of each trip, not at its top. The compiler fetches
-    K and V tiles ahead only when their address is known a trip early; an index loaded in the same
-    trip makes it wait for each tile (an H200's forward, causal at n = 16k, tiles of 128 x 128 at
-    3 stages: 10.3 ms with the start read in the same trip, 9.1 ms with it read a trip ahead).
+    A listed block is then walked as block / BLOCK tiles in a row.
+
+Tiles through descriptors
+    The wrapper hands the kernels Q, K, V and dO as tensor descriptors (kata/given/tiles.py), and a
+    kernel loads a tile by its first row: tiles.load_tile(desc, b, h, start, ROWS, HEAD_DIM). Rows
+    past the end read as zeros, so no tile load needs a bounds mask; the stores do. On an H200 this
+    is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
+    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
 
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
@@ -60,7 +71,8 @@ Conventions
 
 Given (kata/given/)
     masks.py    Mask, tile_allowed, block_mask, ends_ragged (is a list's last block the ragged one?)
-    tiles.py    row_ptrs, load_rows, the head-dim padding, as in 06 and 09
+    tiles.py    load_tile (and descriptor, which the wrapper calls); row_ptrs for the stores; the
+                head-dim padding, as in 06 and 09
     inputs.py   check_inputs: 06's ValueErrors
     solved.py   solved("09")._bwd_delta: D = rowsum(dO ∘ O), 09's first backward kernel
 """
@@ -121,36 +133,36 @@ def document_mask(doc_ids: torch.Tensor) -> Mask:
 # ---------------------------------------------------------------- the forward (yours) --------------
 
 @triton.jit
-def _tile_start(indices, t, hi, BLOCK: tl.constexpr, TILE: tl.constexpr):
-    """The first index of tile t when the blocks indices[:hi], BLOCK wide, are walked TILE at a
-    time (BLOCK // TILE tiles a block); 0 for a tile past the list, reading nothing there."""
-    # TODO: tile t is slice t % (BLOCK // TILE) of block indices[t // (BLOCK // TILE)]; mask the load
-    #       of that entry to the list (the entries past hi are garbage, or past the array's end).
+def _tile_start(full, n_full, partial, n_partial, t, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """The first index of tile t of a program's walk: the blocks full[:n_full], then partial[:n_partial],
+    BLOCK wide, TILE at a time (BLOCK // TILE tiles a block); 0 past the walk's end, reading nothing there."""
+    # TODO: tile t is slice t % (BLOCK // TILE) of entry e = t // (BLOCK // TILE) of the walk: full[e]
+    #       while e < n_full, then partial[e - n_full]; mask the load to the walk (the entries past
+    #       each count are garbage, or past the array's end).
     raise NotImplementedError("_tile_start: replace this line with your code")
 
 
 @triton.jit
-def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, indices, lo, hi, n_q, n_k,
-               qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks indices[lo:hi] into the running state of one query tile, BLOCK_N keys at a time.
+def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
+               qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one query
+    tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
 
-    As 06's attn_tiles, with the keys taken from a list. MASKED: tile_allowed decides which scores
-    stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
+    As 06's attn_tiles, with the keys taken from the lists. A masked tile lets tile_allowed decide
+    which scores stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
     """
-    # TODO: one loop over the tiles of blocks indices[lo:hi], per_block = BLOCK_K // BLOCK_N of
-    #       them per block, tile t starting at key _tile_start(indices, t, hi, BLOCK_K, BLOCK_N),
-    #       read a trip ahead (see "Tiles within blocks"). Load K, s = q @ kᵀ, (MASKED) -inf where
-    #       not allowed; update m, l, acc as in 06 (a row whose m is still -inf subtracts 0);
-    #       load V, acc += p @ v.
+    # TODO: one loop over every tile of the walk, per_block = BLOCK_K // BLOCK_N of them per block,
+    #       tile t starting at key _tile_start(...) read a trip ahead (see "One loop a program").
+    #       Load the K tile (tiles.load_tile); s = q kᵀ; from tile unmasked · per_block on, -inf where
+    #       tile_allowed says no; update m, l, acc as in 06 (a row whose m is still -inf subtracts 0);
+    #       load the V tile; acc += p v.
     raise NotImplementedError("_fwd_tiles: replace this line with your code")
 
 
 @triton.jit
-def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
-                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                H, n_q, n_k, t_c,
+def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
+                stride_ob, stride_oh, stride_on, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
@@ -158,62 +170,57 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
     (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
     """
-    # TODO: load Q once; i = the query block holding these rows; fold its full blocks unmasked
-    #       (all but a ragged last one), that ragged one MASKED, then its partial blocks MASKED;
-    #       write o = acc / l (l = 0 gives o = 0) and lse = (m + log2 l) · ln 2.
+    # TODO: load Q once (tiles.load_tile from q_desc); i = the query block holding these rows; fold
+    #       its full blocks, then its partial ones, all but a ragged last full block unmasked; write
+    #       o = acc / l (l = 0 gives o = 0) and lse = (m + log2 l) · ln 2.
     raise NotImplementedError("_sparse_fwd: replace this line with your code")
 
 
 # ---------------------------------------------------------------- the backward (yours) -------------
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, indices, lo, hi,
-                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-                BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Add the query blocks indices[lo:hi], BLOCK_M rows at a time, into the float32 sums dk, dv
-    of one key tile. As 09's _dkdv_tiles (transposed tiles, keys on rows), the rows from a list."""
-    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_Q // BLOCK_M per block, their
-    #       starts read a trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Pᵀ = exp2(k qᵀ · qk_scale − lse · log2 e), (MASKED) 0
-    #       where not allowed; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (v dOᵀ − D); dk += dSᵀ q.
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
+    float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
+    _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
+    # TODO: one loop over every tile of the walk, BLOCK_Q // BLOCK_M per block, their starts read a
+    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Pᵀ = exp2(k qᵀ · qk_scale − lse · log2 e),
+    #       from tile unmasked · per_block on 0 where tile_allowed says no; dv += Pᵀ dO;
+    #       dSᵀ = Pᵀ ∘ (v dOᵀ − D); dk += dSᵀ q.
     raise NotImplementedError("_dkdv_tiles: replace this line with your code")
 
 
 @triton.jit
-def _sparse_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-                 qk_scale, scale,
-                 stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                 stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+def _sparse_dkdv(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window,
+                 doc_ids, qk_scale, scale, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  H, n_q, n_k, t_r,
                  MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: dK, dV of BLOCK_N keys (a slice of key block j) of one (batch, head), over the
     transposed lists, row j at Q_IDX + j·t_r. LSE, DELTA (B, H, n_q) contiguous float32."""
-    # TODO: load K and V once; walk key block j's full query blocks unmasked (all but a ragged
-    #       last one), that one MASKED, then its partial ones MASKED; store dk·scale and dv.
+    # TODO: load K and V once (tiles.load_tile); walk key block j's full query blocks, then its
+    #       partial ones, all but a ragged last full block unmasked; store dk·scale and dv.
     raise NotImplementedError("_sparse_dkdv: replace this line with your code")
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, indices, lo, hi, n_q, n_k,
-              qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Add the key blocks indices[lo:hi], BLOCK_N keys at a time, into the float32 sum dq of one
-    query tile. As 09's _dq_tiles, the keys from a list."""
-    # TODO: one loop over the tiles of blocks indices[lo:hi], BLOCK_K // BLOCK_N per block, their
-    #       starts read a trip ahead; load K, V;
-    #       P = exp2(q kᵀ · qk_scale − lse2), (MASKED) 0 where not allowed;
-    #       dS = P ∘ (dO vᵀ − D); dq += dS k.
+def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
+              n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the key blocks full[:n_full], then partial[:n_partial], BLOCK_N keys at a time, into the
+    float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
+    _dq_tiles, the keys from the lists."""
+    # TODO: one loop over every tile of the walk, BLOCK_K // BLOCK_N per block, their starts read a
+    #       trip ahead; load K, V; P = exp2(q kᵀ · qk_scale − lse2), from tile unmasked · per_block on
+    #       0 where tile_allowed says no; dS = P ∘ (dO vᵀ − D); dq += dS k.
     raise NotImplementedError("_dq_tiles: replace this line with your code")
 
 
 @triton.jit
-def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-               qk_scale, scale,
-               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-               stride_dqb, stride_dqh, stride_dqn,
-               H, n_q, n_k, t_c,
+def _sparse_dq(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+               qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), over
@@ -226,7 +233,8 @@ def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, 
 
 def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel for this mask, head width and
-    element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal),
+    element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal,
+    measured with pointer loads, before the descriptors; docs/benchmark.md, steps 2 and 8),
     whole blocks win the forward (128 x 128 at 3 stages: 9.0, against 9.6 for 128 x 64), dK, dV
     walks query tiles of 64 at 3 stages (with 4 warps they take twice as long), and dQ walks key
     tiles of 64 at 3 stages (the whole backward 28.2, against 29.7 for whole blocks at 2 stages;
@@ -256,13 +264,13 @@ class BlockSparseAttention(torch.autograd.Function):
         (B, H, n_q, _), n_k = q.shape, k.shape[2]
         o = torch.empty_like(q)
         lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-        window, doc_ids = mask.window, mask.doc_ids
         block_m, block_n, warps, stages = kernel_tiles(bm, width, q.element_size())["fwd"]
         _sparse_fwd[(triton.cdiv(n_q, block_m) * B * H,)](
-            q, k, v, o, lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
-            window, doc_ids, scale * LOG2E, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q,
-            BLOCK_K=bm.block_k, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+            tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n), o, lse,
+            bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids,
+            scale * LOG2E, *o.stride()[:3], H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod, HEAD_DIM=width,
+            BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+            num_stages=stages)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.bm, ctx.mask, ctx.scale, ctx.head_dim = bm, mask, scale, head_dim
         return o[..., :head_dim]
@@ -276,23 +284,26 @@ class BlockSparseAttention(torch.autograd.Function):
         delta = torch.empty_like(lse)  # D = rowsum(dO ∘ O) in float32, by exercise 09's kernel
         _bwd_delta[(triton.cdiv(n_q, DELTA_ROWS) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,
                                                           HEAD_DIM=width, BLOCK_M=DELTA_ROWS)
-        window, doc_ids = mask.window, mask.doc_ids
         sizes = kernel_tiles(bm, width, q.element_size())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-        blocks = dict(MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k)
+        common = dict(MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k)
+
+        def inputs(block_m, block_n):  # Q and dO walked or held BLOCK_M rows at a time, K and V BLOCK_N
+            return (tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n),
+                    tiles.descriptor(do, block_m))
+
         block_m, block_n, warps, stages = sizes["dkdv"]
         _sparse_dkdv[(triton.cdiv(n_k, block_n) * B * H,)](
-            q, k, v, do, dk, dv, lse, delta, bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks,
-            bm.full_q_indices, window, doc_ids, scale * LOG2E, scale, *strides, *dk.stride()[:3], *dv.stride()[:3],
+            *inputs(block_m, block_n), dk, dv, lse, delta, bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks,
+            bm.full_q_indices, mask.window, mask.doc_ids, scale * LOG2E, scale, *dk.stride()[:3], *dv.stride()[:3],
             H, n_q, n_k, bm.q_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-            num_stages=stages, **blocks)
+            num_stages=stages, **common)
         block_m, block_n, warps, stages = sizes["dq"]
         _sparse_dq[(triton.cdiv(n_q, block_m) * B * H,)](
-            q, k, v, do, dq, lse, delta, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
-            bm.full_kv_indices, window, doc_ids, scale * LOG2E, scale, *strides, *dq.stride()[:3],
+            *inputs(block_m, block_n), dq, lse, delta, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
+            bm.full_kv_indices, mask.window, mask.doc_ids, scale * LOG2E, scale, *dq.stride()[:3],
             H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-            num_stages=stages, **blocks)
+            num_stages=stages, **common)
         d = ctx.head_dim
         return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None
 

@@ -45,6 +45,8 @@ def _arg_type(value) -> str | None:
         return None
     if hasattr(value, "dtype") and hasattr(value, "data_ptr"):
         return "*" + POINTER_TYPES[str(value.dtype).removeprefix("torch.")]
+    if hasattr(value, "base") and hasattr(value, "block_shape"):  # a host-made TensorDescriptor (13)
+        return f"tensordesc<{POINTER_TYPES[str(value.base.dtype).removeprefix('torch.')]}{list(value.block_shape)}>"
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
@@ -113,15 +115,19 @@ def _constexpr(value):
 
 def _variants(launch: dict) -> list[tuple[str, dict, int]]:
     """(dtype, launch, target) triples: as launched for both targets, but a float16 launch for
-    Ampere only, again in bfloat16 for Hopper, and in float32 (the GPU stage's third dtype) for Ampere."""
+    Ampere only, again in bfloat16 for Hopper, and in float32 (the GPU stage's third dtype) for Ampere.
+    A float16 argument is a pointer (*fp16) or a tensor descriptor (tensordesc<fp16[...]>)."""
+    halves = [name for name, kind in launch["signature"].items() if kind == "*fp16" or kind.startswith("tensordesc<fp16")]
     types = set(launch["signature"].values())
-    dtype = "float16" if "*fp16" in types else "float32" if "*fp32" in types else "integer"
+    singles = any(kind == "*fp32" or kind.startswith("tensordesc<fp32") for kind in types)
+    dtype = "float16" if halves else "float32" if singles else "integer"
     if dtype != "float16":
         return [(dtype, launch, cap) for cap in TARGETS]
 
-    def recast(pointer: str) -> dict:
-        return dict(launch, signature={k: pointer if v == "*fp16" else v for k, v in launch["signature"].items()})
-    return [(dtype, launch, 80), ("bfloat16", recast("*bf16"), 90), ("float32", recast("*fp32"), 80)]
+    def recast(element: str) -> dict:
+        return dict(launch, signature={k: v.replace("fp16", element) if k in halves else v
+                                       for k, v in launch["signature"].items()})
+    return [(dtype, launch, 80), ("bfloat16", recast("bf16"), 90), ("float32", recast("fp32"), 80)]
 
 
 def _key(job: dict, given: bytes) -> str:

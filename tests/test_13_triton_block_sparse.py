@@ -11,9 +11,9 @@ the CPU (float32 and float16, small ragged shapes, blocks of 16 and 32); with on
 gpu add float16, bfloat16 and float32 at thousands of tokens and a training run beside torch's SDPA.
 Each test's name says the bug it catches.
 """
-import ctypes
-import itertools
 import dataclasses
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -29,7 +29,7 @@ from oracles_torch import attention_grads  # noqa: E402 - only once torch is kno
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
-                            low_precision, poisoned_buffers, qkv_do, randn, record_stages, shape_id,  # noqa: F401
+                            low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
 from training import TRAIN, check_training  # noqa: E402
 
@@ -38,6 +38,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kata.given.block_mask import BlockMask  # noqa: E402
+from kata.given import masks as given_masks  # noqa: E402
 from kata.given.masks import tile_allowed  # noqa: E402
 
 # P is rebuilt before the mask zeroes it (overflow to inf, unused); a fully masked row has lse = log(0).
@@ -48,14 +49,13 @@ MASKS = ("causal: j <= i; sliding_window(w): i - w < j <= i; document_mask(ids):
 FORMULAS = ("P = exp(scale·QKᵀ − lse) on the allowed pairs, dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D), "
             "dQ = scale · dS K, dK = scale · dSᵀ Q")
 WALK = ("per query block i the forward and dQ walk full_kv_indices[i, :full_kv_num_blocks[i]] unmasked and "
-        "kv_indices[i, :kv_num_blocks[i]] MASKED; dK, dV of key block j walk the transposed lists q_indices[j], "
+        "kv_indices[i, :kv_num_blocks[i]] masked; dK, dV of key block j walk the transposed lists q_indices[j], "
         "full_q_indices[j]; the mask applies on partial tiles")
 MASKED_ROW = ("a row no key may attend gives o = 0 and zero gradients, never NaN: subtract 0 while m is -inf, "
               "and zero P with tl.where (lse = -inf makes P = inf there), never a product with the mask")
 UNREAD = ("NaN fills the K, V of key blocks no query block lists, the Q, dO of query blocks no key block lists, and "
           "the blocks named by entries past each count: a NaN means such a tile was read (never read past "
-          "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j]), or rows past the "
-          "arrays' end (a block the end cuts, run unmasked)")
+          "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j])")
 
 
 # ---- the masks, as the tests define them ---------------------------------------------------------
@@ -288,7 +288,7 @@ def test_causal_matches_autograd(ex, rng, shape):
 
 def test_sliding_window_matches_autograd(ex, rng):
     """The window off by one, partial blocks unmasked, a full block cut by the end of the keys or the
-    queries read without bounds checks; n_q > n_k, block_q > block_k."""
+    queries run unmasked; n_q > n_k, block_q > block_k."""
     check(ex, rng, window(19), *qkv_do(rng, 1, 1, 70, 53, 16), 32, 16, convention=f"{FORMULAS}; {WALK}")
 
 
@@ -353,6 +353,23 @@ def test_each_tensor_read_and_written_with_its_own_strides(ex, rng):
     check(ex, rng, window(12), q, k, v, do, 16, 16, convention="read and write each tensor with its own strides")
 
 
+def test_inputs_laid_out_as_no_tma_copy_reads(ex, rng):
+    """A q that starts 4 bytes into its buffer, and a k whose rows lie 68 bytes apart: a TMA copy
+    needs 16-byte starts and strides, so the wrapper copies them for the descriptors (given:
+    kata/given/tiles.py, descriptor). They are the leaves themselves, not copies (a copy would align them)."""
+    q = randn(rng, 20 * 16 + 1)[1:].view(1, 1, 20, 16).requires_grad_()
+    k = randn(rng, 1, 29, 1, 17)[..., :16].transpose(1, 2).requires_grad_()
+    v, do = randn(rng, 1, 1, 29, 16).requires_grad_(), randn(rng, 1, 1, 20, 16)
+    mask, bm, allowed, *_ = build(ex, window(12), 20, 29, 16, 16)
+    o = call(ex.block_sparse_attention, q, k, v, bm, mask)
+    call(o.backward, do)
+    o_ref, grads_ref = attention_grads(q.detach(), k.detach(), v.detach(), do, keep=allowed)
+    what = "block_sparse_attention(q starting 4 bytes into its buffer, k rows 68 bytes apart, sliding_window(12))"
+    check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o.detach(), q.grad, k.grad, v.grad),
+                            (o_ref, *grads_ref), (None,) * 4), tolerance(q.dtype, BACKWARD_TOL),
+                  "read each input as it is laid out")
+
+
 @pytest.mark.parametrize("D", [24, 40])
 def test_head_dim_not_a_power_of_two(ex, rng, D):
     """Gradients of the padded columns returned, or the padded width's 1/sqrt scale used."""
@@ -380,66 +397,63 @@ def test_lse_stays_float32_under_float16_inputs(ex, rng):
           convention="lse (B, H, n_q) is float32 whatever the inputs' dtype, as in 06 and 09")
 
 
-# ---- which tiles each kernel walks, and how -----------------------------------------------------
+# ---- which tiles each kernel masks ----------------------------------------------------------------
 
-def entries(address, lo, hi):
-    """The int32 list entries lo..hi-1 at `address` (a list pointer a helper was given)."""
-    return np.ctypeslib.as_array((ctypes.c_int32 * hi).from_address(address))[lo:hi].tolist() if hi > lo else []
+STAGES = ("each tile of a partial block, or of a full block the array's end cuts, is masked once, through "
+          "masks.tile_allowed (called as that); a tile of any other full block is not: it pays for no mask")
+KERNELS = {"_sparse_fwd": "the forward", "_sparse_dkdv": "the dK, dV kernel", "_sparse_dq": "the dQ kernel"}
+TILES_OF = {"_sparse_fwd": "fwd", "_sparse_dkdv": "dkdv", "_sparse_dq": "dq"}  # kernel_tiles' names
 
 
-STAGES = ("each listed block is walked once: a full block unmasked (no mask, no bounds checks), unless the "
-          "array's end cuts it; a partial block, or a full one the end cuts, MASKED; blocks past a count never")
+def tiles_to_mask(ex, bm, partial, full, kernel):
+    """(first query row, first key) of every tile `kernel` must mask once, at the interpreter's tile
+    sizes: the forward and dQ own row tiles and walk the key tiles of their lists, dK, dV the reverse.
+    Tiles wholly past an array's end are left out: masked or skipped, they weigh nothing."""
+    n_q, n_k, block_q, block_k = bm.n_q, bm.n_k, bm.block_q, bm.block_k
+    block_m, block_n = ex.kernel_tiles(bm, 16, 4)[TILES_OF[kernel]][:2]
+    cut_q = n_q // block_q if n_q % block_q else None
+    cut_k = n_k // block_k if n_k % block_k else None
+    want = []
+    for i, j in torch.nonzero(partial | full).tolist():
+        cut = i == cut_q if kernel == "_sparse_dkdv" else j == cut_k
+        if partial[i, j] or cut:
+            want += [(r0, c0) for r0 in range(i * block_q, min((i + 1) * block_q, n_q), block_m)
+                     for c0 in range(j * block_k, min((j + 1) * block_k, n_k), block_n)]
+    return want
 
 
 @interpreted_only
-def test_each_kernel_walks_the_listed_blocks_with_the_right_stage(ex, rng, monkeypatch):
-    """Every block run MASKED (the answers come out right, but each tile pays for a mask it does not
-    need), a partial block or a full one cut by the end run unmasked, blocks past a count walked
-    (a loop to T_c), a listed block skipped or walked twice, dK, dV walking the forward's lists.
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(52, 40, 16, 32), (70, 45, 32, 16)])
+def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, n_q, n_k, block_q, block_k):
+    """Every tile masked (the answers come out right, but each full tile pays for a mask it does not
+    need), a partial tile or a full one cut by the end left unmasked, a tile masked twice; the mask
+    begun at a count of blocks where tiles are narrower than blocks.
 
-    _fwd_tiles, _dkdv_tiles and _dq_tiles are wrapped (tests/triton_helpers.py, record_stages)
-    while the interpreter runs the kernels as Python; each call's list entries are read back.
-    Causal over n_q = 52, n_k = 40 in blocks of 16 x 32 has partial blocks, full blocks inside the arrays
-    (query block 2, key block 0), and full blocks cut by the keys' end (key block 1, for query block 3) and
-    by the queries' end (query block 3, for both key blocks).
+    masks.tile_allowed is wrapped, and each kernel's launches named (tests/triton_helpers.py,
+    record_by_launch), while the interpreter runs the kernels as Python; each call is put down to its
+    kernel and to the tile of rows and keys it masks. Causal over 52 x 40 in blocks of 16 x 32 has
+    partial blocks, full blocks inside the arrays (query block 2, key block 0), and full blocks cut by
+    the keys' end (key block 1, for query block 3) and by the queries' end (query block 3, for both key
+    blocks); 70 x 45 in blocks of 32 x 16 has two query tiles of 16 a block, which dK, dV walk.
     """
-    n_q, n_k, block_q, block_k = 52, 40, 16, 32
     mask, bm, allowed, partial, full = build(ex, causal(), n_q, n_k, block_q, block_k)
-    bm = with_garbage(bm, partial, full, rng)  # kept alive: the recorded list pointers are read back below
-    walks = {name: record_stages(monkeypatch, ex, name) for name in ("_fwd_tiles", "_dkdv_tiles", "_dq_tiles")}
+    bm = with_garbage(bm, partial, full, rng)
+    masked = record_by_launch(monkeypatch, ex, KERNELS, given_masks, "tile_allowed")
     run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), bm, mask)
-    what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks 16 x 32)"
-    assert_called(what, walks, WALK)
-    cut_by_end = {"key": n_k // block_k if n_k % block_k else None, "query": n_q // block_q if n_q % block_q else None}
-    for name, own, other in (("_fwd_tiles", "rows", "key"), ("_dq_tiles", "rows", "key"), ("_dkdv_tiles", "keys", "query")):
-        by_tile = {}
-        for c in walks[name]:
-            span = (int(np.min(c[own])), int(np.max(c[own])))
-            by_tile.setdefault(span, []).extend((j, bool(c["MASKED"])) for j in entries(c["indices"], c["lo"], c["hi"]))
-        size, n_own = (block_q, n_q) if own == "rows" else (block_k, n_k)
-        walked_own = {r for first, last in by_tile for r in range(first, last + 1)}
-        lists_some = (partial | full).any(1 if own == "rows" else 0)
-        unwalked = [r for r in range(n_own) if lists_some[r // size] and r not in walked_own]
-        assert not unwalked, (f"{what}: {name} never walked the lists of {'query rows' if own == 'rows' else 'keys'} "
-                              f"{unwalked}, whose blocks list tiles\n  convention: {WALK}")
-        for (first, last), walked in sorted(by_tile.items()):
-            b = first // size
-            kinds = (partial[b], full[b]) if own == "rows" else (partial[:, b], full[:, b])
-            cut = cut_by_end[other]
-            want = sorted([(j, True) for j in torch.nonzero(kinds[0]).flatten().tolist()] +
-                          [(j, j == cut) for j in torch.nonzero(kinds[1]).flatten().tolist()])
-            if sorted(walked) == want:
-                continue
-            kind_of = {j: "partial" if kinds[0][j] else "full" if kinds[1][j] else "empty"
-                       for j, _ in walked + want if 0 <= j < len(kinds[0])}
-
-            def described(pairs):
-                return ", ".join(f"{j} ({kind_of.get(j, 'no such block')}, {'MASKED' if m else 'unmasked'})"
-                                 for j, m in sorted(pairs)) or "none"
-            raise AssertionError(f"{what}: {name} for {'query rows' if own == 'rows' else 'keys'} {first}-{last} "
-                                 f"walked {other} blocks {described(walked)}; expected {described(want)} "
-                                 f"({other} block {cut} is cut by the array's end)\n"
-                                 f"  convention: {STAGES}; {WALK}")
+    what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks {block_q} x {block_k})"
+    assert_called(what, {f"masks.tile_allowed in {KERNELS[k]} ({k})": calls for k, calls in masked.items()}, STAGES)
+    for kernel, calls in masked.items():
+        tiles = ((int(np.min(c["rows"])), int(np.min(c["keys"]))) for c in calls)
+        got = Counter((r0, c0) for r0, c0 in tiles if r0 < n_q and c0 < n_k)
+        want = Counter(tiles_to_mask(ex, bm, partial, full, kernel))
+        if got == want:
+            continue
+        r0, c0 = min((got - want) + (want - got))
+        i, j = r0 // block_q, c0 // block_k
+        kind = "partial" if partial[i, j] else "full" if full[i, j] else "empty"
+        raise AssertionError(f"{what}: {KERNELS[kernel]} ({kernel}) masked the tile at query row {r0}, key "
+                             f"{c0} {got[(r0, c0)]} time(s), expected {want[(r0, c0)]}: it lies in block ({i}, {j}), "
+                             f"{kind}\n  convention: {STAGES}; {WALK}")
 
 
 @interpreted_only

@@ -252,6 +252,30 @@ def record_stages(monkeypatch, module, name: str) -> list[dict]:
     return record_calls(monkeypatch, module, name, lambda args: {key: plain(value) for key, value in args.items()})
 
 
+def record_by_launch(monkeypatch, module, kernels, helper_module, helper: str) -> dict[str, list[dict]]:
+    """record_stages on helper_module.helper, each call filed under the kernel of `kernels` (names of
+    module's kernels) whose launch ran it: the interpreter runs a launch to its end before the next."""
+    calls = record_stages(monkeypatch, helper_module, helper)
+    by_kernel = {name: [] for name in kernels}
+
+    class Named:
+        """Stands for a kernel in `kernel[grid](...)`, keeping the calls its launch makes."""
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(module, name)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                first = len(calls)
+                result = self.kernel[grid](*args, **kwargs)
+                by_kernel[self.name].extend(calls[first:])
+                return result
+            return launch
+
+    for name in kernels:
+        monkeypatch.setattr(module, name, Named(name))
+    return by_kernel
+
+
 def assert_called(what: str, recorded: dict[str, list], convention: str = "") -> None:
     """Each helper record_stages wrapped was called: a kernel that folds its tiles without it (a loop
     of its own, the helper under another name) would leave its stages unchecked."""

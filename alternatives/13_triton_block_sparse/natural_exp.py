@@ -7,68 +7,66 @@ import triton.language as tl
 
 from kata.given import masks, tiles
 
-@triton.jit
-def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, indices, lo, hi, n_q, n_k,
-               qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks indices[lo:hi] into the running state of one query tile, BLOCK_N keys at a time.
 
-    Returns acc, l, m (m in natural units: the scores are qk_scale · ln 2 · q kᵀ).
+@triton.jit
+def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
+               qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one query
+    tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
+
+    As 06's attn_tiles, with the keys taken from the lists. A masked tile lets tile_allowed decide
+    which scores stay (the mask and the arrays' ends). Returns acc, l, m (m in natural units).
     """
     offs_n = tl.arange(0, BLOCK_N)
+    scale = qk_scale * 0.6931471805599453  # the wrapper's factor undone
     per_block = BLOCK_K // BLOCK_N
-    scale = qk_scale * 0.6931471805599453  # scale · log2(e) · ln 2 = scale
-    for t in tl.range(lo * per_block, hi * per_block):
-        start = tl.load(indices + t // per_block) * BLOCK_K + t % per_block * BLOCK_N
+    start = _tile_start(full, n_full, partial, n_partial, 0, BLOCK_K, BLOCK_N)
+    for t in tl.range(0, (n_full + n_partial) * per_block):
         keys = start + offs_n
-        k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
-        s = tl.dot(q, tl.trans(k)) * scale
-        if MASKED:
+        k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k))
+        if t >= unmasked * per_block:
             s = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_sub = m_new
-        if MASKED:  # a row that has seen no key yet subtracts 0, not -inf
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_sub[:, None])
+        m_new = tl.maximum(m, tl.max(s, 1) * scale)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: weights 0, not NaN
+        p = tl.exp(s * scale - m_sub[:, None])
         alpha = tl.exp(m - m_sub)
         l = l * alpha + tl.sum(p, 1)
-        v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
+        v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m = m_new
+        start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)  # a trip ahead
     return acc, l, m
 
 
 @triton.jit
-def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
-                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                H, n_q, n_k, t_c,
+def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
+                stride_ob, stride_oh, stride_on, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head); lse = m + log l."""
+    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
+
+    Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
+    (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
+    """
     n_tiles = tl.cdiv(n_q, BLOCK_M)
     bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles
+    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     i = tile * BLOCK_M // BLOCK_Q
-    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    full_idx = FULL_IDX + i * t_c
-    n_full = tl.load(FULL_NUM + i)
-    unmasked = n_full - masks.ends_ragged(full_idx, n_full, n_k, BLOCK_K)
+    q = tiles.load_tile(q_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
+    full, partial = FULL_IDX + i * t_c, KV_IDX + i * t_c
+    n_full, n_partial = tl.load(FULL_NUM + i), tl.load(KV_NUM + i)
+    unmasked = n_full - masks.ends_ragged(full, n_full, n_k, BLOCK_K)
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full_idx, 0, unmasked,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, False, BLOCK_K, BLOCK_N)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full_idx, unmasked, n_full,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, KV_IDX + i * t_c, 0,
-                           tl.load(KV_NUM + i), n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
+    acc, l, m = _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked,
+                           n_q, n_k, qk_scale, window, doc_ids, MOD, BLOCK_K, BLOCK_N, HEAD_DIM)
 
     o = acc / tl.where(l == 0, 1.0, l)[:, None]
     lse = m + tl.log(l)  # l = 0: log(0) = -inf
@@ -78,87 +76,80 @@ def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, indices, lo, hi,
-                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-                BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Add the query blocks indices[lo:hi], BLOCK_M rows at a time, into dk, dv; Pᵀ = exp(scale · k qᵀ − lse)."""
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
+    float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
+    _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
     offs_m = tl.arange(0, BLOCK_M)
+    scale = qk_scale * 0.6931471805599453  # the wrapper's factor undone
     per_block = BLOCK_Q // BLOCK_M
-    scale = qk_scale * 0.6931471805599453
-    for t in tl.range(lo * per_block, hi * per_block):
-        start = tl.load(indices + t // per_block) * BLOCK_Q + t % per_block * BLOCK_M
+    start = _tile_start(full, n_full, partial, n_partial, 0, BLOCK_Q, BLOCK_M)
+    for t in tl.range(0, (n_full + n_partial) * per_block):
         rows = start + offs_m
-        q = tiles.load_rows(q_ptrs + start * stride_qn, rows, n_q, MASKED)
-        do = tiles.load_rows(do_ptrs + start * stride_don, rows, n_q, MASKED)
-        if MASKED:
-            lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
-            delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
-        else:
-            lse = tl.load(LSE + rows)
-            delta = tl.load(DELTA + rows)
+        q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
+        do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
         p_t = tl.exp(tl.dot(k, tl.trans(q)) * scale - lse[None, :])
-        if MASKED:
+        if t >= unmasked * per_block:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)), p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_Q, BLOCK_M)
     return dk, dv
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, indices, lo, hi, n_q, n_k,
-              qk_scale, window, doc_ids, MOD: tl.constexpr, MASKED: tl.constexpr,
-              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Add the key blocks indices[lo:hi], BLOCK_N keys at a time, into dq; P = exp(scale · q kᵀ − lse)."""
+def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
+              n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the key blocks full[:n_full], then partial[:n_partial], BLOCK_N keys at a time, into the
+    float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
+    _dq_tiles, the keys from the lists."""
     offs_n = tl.arange(0, BLOCK_N)
+    scale = qk_scale * 0.6931471805599453  # the wrapper's factor undone
     per_block = BLOCK_K // BLOCK_N
-    scale = qk_scale * 0.6931471805599453
-    for t in tl.range(lo * per_block, hi * per_block):
-        start = tl.load(indices + t // per_block) * BLOCK_K + t % per_block * BLOCK_N
+    start = _tile_start(full, n_full, partial, n_partial, 0, BLOCK_K, BLOCK_N)
+    for t in tl.range(0, (n_full + n_partial) * per_block):
         keys = start + offs_n
-        k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
-        v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
-        p = tl.exp(tl.dot(q, tl.trans(k)) * scale - lse[:, None])
-        if MASKED:
+        k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        p = tl.exp(tl.dot(q, tl.trans(k)) * scale - lse2[:, None])
+        if t >= unmasked * per_block:
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), p, 0.0)
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
+        start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)
     return dq
 
 
 @triton.jit
-def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-               qk_scale, scale,
-               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-               stride_dqb, stride_dqh, stride_dqn,
-               H, n_q, n_k, t_c,
+def _sparse_dq(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+               qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dQ of BLOCK_M query rows of one (batch, head); lse kept in natural units."""
+    """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), over
+    the forward's lists."""
     n_tiles = tl.cdiv(n_q, BLOCK_M)
     bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles
+    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     i = tile * BLOCK_M // BLOCK_Q
-    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    do = tiles.load_rows(tiles.row_ptrs(DO, b, h, stride_dob, stride_doh, stride_don, rows, HEAD_DIM), rows, n_q, True)
-    lse = tl.load(LSE + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+    q = tiles.load_tile(q_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
+    do = tiles.load_tile(do_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(DELTA + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    full_idx = FULL_IDX + i * t_c
-    n_full = tl.load(FULL_NUM + i)
-    unmasked = n_full - masks.ends_ragged(full_idx, n_full, n_k, BLOCK_K)
+    full, partial = FULL_IDX + i * t_c, KV_IDX + i * t_c
+    n_full, n_partial = tl.load(FULL_NUM + i), tl.load(KV_NUM + i)
+    unmasked = n_full - masks.ends_ragged(full, n_full, n_k, BLOCK_K)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    dq = _dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_idx, 0, unmasked,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, False, BLOCK_K, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_idx, unmasked, n_full,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, KV_IDX + i * t_c, 0,
-                   tl.load(KV_NUM + i), n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
+                   n_q, n_k, qk_scale, window, doc_ids, MOD, BLOCK_K, BLOCK_N, HEAD_DIM)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

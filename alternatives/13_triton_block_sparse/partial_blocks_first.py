@@ -1,8 +1,8 @@
-"""Alternative: every kernel walks its partial blocks (MASKED) before its full ones (unmasked).
+"""Alternative: every kernel walks its partial blocks (masked) before its full ones (unmasked).
 
-The order of the tiles is free (the result is the same up to rounding). The partial tiles may leave
-a row's m at -inf; the unmasked full tiles that follow give every row a finite max, so their alpha =
-exp2(-inf - m_new) = 0 and no guard is needed outside the MASKED tiles.
+The order of the tiles is free (the result is the same up to rounding). Each walk is one loop over
+the partial list, then the full list; a tile is masked while it lies in the partial list, or in the
+full list's ragged last block (entry `unmasked` on). Each trip reads its own tile's start at its top.
 """
 import triton
 import triton.language as tl
@@ -11,125 +11,87 @@ from kata.given import masks, tiles
 
 
 @triton.jit
-def _sparse_fwd(Q, K, V, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
-                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                H, n_q, n_k, t_c,
-                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head); partial blocks first.
+def _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """(start, masked) of tile t of the walk partial[:n_partial] then full[:n_full]."""
+    per_block = BLOCK // TILE
+    e = t // per_block
+    in_partial = e < n_partial
+    block = tl.load(partial + e) if in_partial else tl.load(full + e - n_partial)
+    return block * BLOCK + t % per_block * TILE, in_partial | (e - n_partial >= unmasked)
 
-    Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
-    (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
+
+@triton.jit
+def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
+               qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Fold the key blocks partial[:n_partial], then full[:n_full], into the running state of one query
+    tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
+
+    As 06's attn_tiles, with the keys taken from the lists. A masked tile lets tile_allowed decide
+    which scores stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
     """
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
-    bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
-    b = bh // H
-    h = bh % H
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    i = tile * BLOCK_M // BLOCK_Q
-    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    full_idx = FULL_IDX + i * t_c
-    n_full = tl.load(FULL_NUM + i)
-    unmasked = n_full - masks.ends_ragged(full_idx, n_full, n_k, BLOCK_K)
-
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, KV_IDX + i * t_c, 0,
-                           tl.load(KV_NUM + i), n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full_idx, 0, unmasked,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, False, BLOCK_K, BLOCK_N)
-    acc, l, m = _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full_idx, unmasked, n_full,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-
-    o = acc / tl.where(l == 0, 1.0, l)[:, None]
-    lse = (m + tl.math.log2(l)) * 0.6931471805599453  # l = 0: log2(0) = -inf
-    o_ptrs = tiles.row_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM)
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(rows < n_q)[:, None])
-    tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
+    offs_n = tl.arange(0, BLOCK_N)
+    per_block = BLOCK_K // BLOCK_N
+    for t in tl.range(0, (n_full + n_partial) * per_block):
+        start, masked = _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK_K, BLOCK_N)
+        keys = start + offs_n
+        k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k))
+        if masked:
+            s = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: weights 0, not NaN
+        p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m - m_sub)
+        l = l * alpha + tl.sum(p, 1)
+        v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m = m_new
+    return acc, l, m
 
 
 @triton.jit
-def _sparse_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-                 qk_scale, scale,
-                 stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                 stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                 stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                 H, n_q, n_k, t_r,
-                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dK, dV of BLOCK_N keys (a slice of key block j) of one (batch, head), partial
-    blocks first, over the transposed lists, row j at Q_IDX + j·t_r. LSE, DELTA (B, H, n_q) contiguous float32."""
-    n_tiles = tl.cdiv(n_k, BLOCK_N)
-    bh = tl.program_id(0) // n_tiles
-    tile = tl.program_id(0) % n_tiles
-    b = bh // H
-    h = bh % H
-    keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    j = tile * BLOCK_N // BLOCK_K
-    k = tiles.load_rows(tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, keys, HEAD_DIM), keys, n_k, True)
-    v = tiles.load_rows(tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, keys, HEAD_DIM), keys, n_k, True)
-    q_ptrs = tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, tl.arange(0, BLOCK_M), HEAD_DIM)
-    do_ptrs = tiles.row_ptrs(DO, b, h, stride_dob, stride_doh, stride_don, tl.arange(0, BLOCK_M), HEAD_DIM)
-    LSE += bh.to(tl.int64) * n_q
-    DELTA += bh.to(tl.int64) * n_q
-    full_idx = FULL_IDX + j * t_r
-    n_full = tl.load(FULL_NUM + j)
-    unmasked = n_full - masks.ends_ragged(full_idx, n_full, n_q, BLOCK_Q)
-
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         Q_IDX + j * t_r, 0, tl.load(Q_NUM + j), n_q, n_k, qk_scale, window, doc_ids, MOD, True,
-                         BLOCK_Q, BLOCK_M)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, full_idx,
-                         0, unmasked, n_q, n_k, qk_scale, window, doc_ids, MOD, False, BLOCK_Q, BLOCK_M)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, full_idx,
-                         unmasked, n_full, n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_Q, BLOCK_M)
-    dk_ptrs = tiles.row_ptrs(DK, b, h, stride_dkb, stride_dkh, stride_dkn, keys, HEAD_DIM)
-    dv_ptrs = tiles.row_ptrs(DV, b, h, stride_dvb, stride_dvh, stride_dvn, keys, HEAD_DIM)
-    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=(keys < n_k)[:, None])
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=(keys < n_k)[:, None])
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+                n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the query blocks partial[:n_partial], then full[:n_full], BLOCK_M rows at a time, into the
+    float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
+    _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
+    offs_m = tl.arange(0, BLOCK_M)
+    per_block = BLOCK_Q // BLOCK_M
+    for t in tl.range(0, (n_full + n_partial) * per_block):
+        start, masked = _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK_Q, BLOCK_M)
+        rows = start + offs_m
+        q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
+        do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
+        lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * 1.4426950408889634)[None, :])
+        if masked:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
+            p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)), p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
 
 
 @triton.jit
-def _sparse_dq(Q, K, V, DO, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-               qk_scale, scale,
-               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-               stride_dqb, stride_dqh, stride_dqn,
-               H, n_q, n_k, t_c,
-               MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), partial
-    blocks first, over the forward's lists."""
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
-    bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
-    b = bh // H
-    h = bh % H
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    i = tile * BLOCK_M // BLOCK_Q
-    q = tiles.load_rows(tiles.row_ptrs(Q, b, h, stride_qb, stride_qh, stride_qn, rows, HEAD_DIM), rows, n_q, True)
-    do = tiles.load_rows(tiles.row_ptrs(DO, b, h, stride_dob, stride_doh, stride_don, rows, HEAD_DIM), rows, n_q, True)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0) * 1.4426950408889634
-    delta = tl.load(DELTA + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-    k_ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    v_ptrs = tiles.row_ptrs(V, b, h, stride_vb, stride_vh, stride_vn, tl.arange(0, BLOCK_N), HEAD_DIM)
-    full_idx = FULL_IDX + i * t_c
-    n_full = tl.load(FULL_NUM + i)
-    unmasked = n_full - masks.ends_ragged(full_idx, n_full, n_k, BLOCK_K)
-
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, KV_IDX + i * t_c, 0,
-                   tl.load(KV_NUM + i), n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_idx, 0, unmasked,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, False, BLOCK_K, BLOCK_N)
-    dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_idx, unmasked, n_full,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, True, BLOCK_K, BLOCK_N)
-    dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
-    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])
+def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
+              n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Add the key blocks partial[:n_partial], then full[:n_full], BLOCK_N keys at a time, into the
+    float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
+    _dq_tiles, the keys from the lists."""
+    offs_n = tl.arange(0, BLOCK_N)
+    per_block = BLOCK_K // BLOCK_N
+    for t in tl.range(0, (n_full + n_partial) * per_block):
+        start, masked = _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK_K, BLOCK_N)
+        keys = start + offs_n
+        k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if masked:
+            p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq

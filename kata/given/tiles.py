@@ -1,13 +1,21 @@
-"""Tiles of a (B, H, n, D) tensor, for the Triton kernels of exercises 06, 09 and 10.
+"""Tiles of a (B, H, n, D) tensor, for the Triton kernels of exercises 06, 09, 10 and 13.
 
 A kernel sees one (batch, head) matrix at a time, n rows of D numbers, and moves it a tile of
-rows at a time. Two device functions point at and load such a tile:
+rows at a time. Exercises 06, 09 and 10 point at and load such a tile with two device functions:
 
     ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, keys, HEAD_DIM)
     k = tiles.load_rows(ptrs, keys, n_k, MASKED)       # (len(keys), HEAD_DIM)
 
 Call them from your @triton.jit code as `tiles.row_ptrs` and `tiles.load_rows`: Triton compiles a
 @triton.jit function of another module into the kernel that calls it, as if written there.
+
+Exercise 13 moves its tiles through tensor descriptors instead: the wrapper describes each input
+once (`descriptor`, on the host: the tensor, its shape and strides, and a tile's rows), and the
+kernel's loads name only a tile's first row (`load_tile`). On an H100 or H200 such a load is one TMA
+copy, issued by one thread, with no pointer per element held in registers; rows at or past the
+matrix's end read as zeros. Other GPUs, and the interpreter, run it as a masked pointer load.
+
+    k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)  # rows start .. start + BLOCK_N - 1
 
 HEAD_DIM is the tile's width: tl.dot and tl.arange need a power of two, at least 16, so each
 wrapper pads the caller's D with zero columns up to padded_width(D) before launching (a zero
@@ -16,6 +24,7 @@ column adds 0 to every dot product and gives a zero column of output, which the 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
@@ -38,6 +47,26 @@ def load_rows(ptrs, rows, n_rows, MASKED: tl.constexpr):
     else:
         tile = tl.load(ptrs)
     return tile
+
+
+@triton.jit
+def load_tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows start .. start + ROWS - 1 of the (b, h) matrix that `desc` (from descriptor(t, ROWS))
+    describes, (ROWS, HEAD_DIM); rows at or past its end read as zeros."""
+    return desc.load([b, h, start, 0]).reshape(ROWS, HEAD_DIM)
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A tensor descriptor of t (B, H, n, D) whose loads are tiles of `rows` rows of one (batch, head).
+
+    A TMA copy needs the last axis contiguous and every other stride, and the start, a multiple of
+    16 bytes; t is copied into fresh memory when it is not so laid out (TensorDescriptor would
+    refuse it, on the GPU and in the interpreter alike).
+    """
+    aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+    t = t if aligned else t.clone(memory_format=torch.contiguous_format)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
 def padded_width(head_dim: int) -> int:
