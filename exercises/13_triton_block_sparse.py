@@ -71,7 +71,7 @@ Conventions
 
 Given (kata/given/)
     masks.py    Mask, tile_allowed, block_mask, ends_ragged (is a list's last block the ragged one?)
-    tiles.py    load_tile (and descriptor, which the wrapper calls); row_ptrs for the stores; the
+    tiles.py    load_tile (and tma_aligned, descriptor, which the wrapper calls); row_ptrs for stores; the
                 head-dim padding, as in 06 and 09
     inputs.py   check_inputs: 06's ValueErrors
     solved.py   solved("09")._bwd_delta: D = rowsum(dO ∘ O), 09's first backward kernel
@@ -260,7 +260,7 @@ class BlockSparseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bm, mask, scale):
         head_dim = q.shape[-1]
         width = tiles.padded_width(head_dim)
-        q, k, v = (tiles.pad_head_dim(t, width) for t in (q, k, v))
+        q, k, v = (tiles.tma_aligned(tiles.pad_head_dim(t, width)) for t in (q, k, v))  # kept for the backward
         (B, H, n_q, _), n_k = q.shape, k.shape[2]
         o = torch.empty_like(q)
         lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
@@ -279,7 +279,7 @@ class BlockSparseAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         bm, mask, scale = ctx.bm, ctx.mask, ctx.scale
-        do = tiles.pad_head_dim(do, q.shape[-1])
+        do = tiles.tma_aligned(tiles.pad_head_dim(do, q.shape[-1]))
         (B, H, n_q, width), n_k = q.shape, k.shape[2]
         delta = torch.empty_like(lse)  # D = rowsum(dO ∘ O) in float32, by exercise 09's kernel
         _bwd_delta[(triton.cdiv(n_q, DELTA_ROWS) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,

@@ -39,7 +39,6 @@ import triton.language as tl  # noqa: E402
 
 from kata.given.block_mask import BlockMask  # noqa: E402
 from kata.given import masks as given_masks  # noqa: E402
-from kata.given.masks import tile_allowed  # noqa: E402
 
 # P is rebuilt before the mask zeroes it (overflow to inf, unused); a fully masked row has lse = log(0).
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
@@ -227,7 +226,7 @@ def case_id(s):
 def _pairs(OUT, MOD: tl.constexpr, window, doc_ids, n_q, n_k, ROWS: tl.constexpr, KEYS: tl.constexpr):
     """OUT (ROWS, KEYS) int8: tile_allowed of MOD over every (query, key) pair at once."""
     rows, keys = tl.arange(0, ROWS), tl.arange(0, KEYS)
-    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)
+    allowed = given_masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)
     tl.store(OUT + rows[:, None] * KEYS + keys[None, :], allowed.to(tl.int8))
 
 
@@ -356,7 +355,7 @@ def test_each_tensor_read_and_written_with_its_own_strides(ex, rng):
 def test_inputs_laid_out_as_no_tma_copy_reads(ex, rng):
     """A q that starts 4 bytes into its buffer, and a k whose rows lie 68 bytes apart: a TMA copy
     needs 16-byte starts and strides, so the wrapper copies them for the descriptors (given:
-    kata/given/tiles.py, descriptor). They are the leaves themselves, not copies (a copy would align them)."""
+    kata/given/tiles.py, tma_aligned). They are the leaves themselves, not copies (a copy would align them)."""
     q = randn(rng, 20 * 16 + 1)[1:].view(1, 1, 20, 16).requires_grad_()
     k = randn(rng, 1, 29, 1, 17)[..., :16].transpose(1, 2).requires_grad_()
     v, do = randn(rng, 1, 1, 29, 16).requires_grad_(), randn(rng, 1, 1, 20, 16)
@@ -401,8 +400,8 @@ def test_lse_stays_float32_under_float16_inputs(ex, rng):
 
 STAGES = ("each tile of a partial block, or of a full block the array's end cuts, is masked once, through "
           "masks.tile_allowed (called as that); a tile of any other full block is not: it pays for no mask")
-KERNELS = {"_sparse_fwd": "the forward", "_sparse_dkdv": "the dK, dV kernel", "_sparse_dq": "the dQ kernel"}
-TILES_OF = {"_sparse_fwd": "fwd", "_sparse_dkdv": "dkdv", "_sparse_dq": "dq"}  # kernel_tiles' names
+KERNELS = {"_sparse_fwd": ("the forward", "fwd"), "_sparse_dkdv": ("the dK, dV kernel", "dkdv"),  # kernel_tiles' names
+           "_sparse_dq": ("the dQ kernel", "dq")}
 
 
 def tiles_to_mask(ex, bm, partial, full, kernel):
@@ -410,7 +409,7 @@ def tiles_to_mask(ex, bm, partial, full, kernel):
     sizes: the forward and dQ own row tiles and walk the key tiles of their lists, dK, dV the reverse.
     Tiles wholly past an array's end are left out: masked or skipped, they weigh nothing."""
     n_q, n_k, block_q, block_k = bm.n_q, bm.n_k, bm.block_q, bm.block_k
-    block_m, block_n = ex.kernel_tiles(bm, 16, 4)[TILES_OF[kernel]][:2]
+    block_m, block_n = ex.kernel_tiles(bm, 16, 4)[KERNELS[kernel][1]][:2]
     cut_q = n_q // block_q if n_q % block_q else None
     cut_k = n_k // block_k if n_k % block_k else None
     want = []
@@ -441,7 +440,7 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
     masked = record_by_launch(monkeypatch, ex, KERNELS, given_masks, "tile_allowed")
     run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), bm, mask)
     what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks {block_q} x {block_k})"
-    assert_called(what, {f"masks.tile_allowed in {KERNELS[k]} ({k})": calls for k, calls in masked.items()}, STAGES)
+    assert_called(what, {f"masks.tile_allowed in {KERNELS[k][0]} ({k})": calls for k, calls in masked.items()}, STAGES)
     for kernel, calls in masked.items():
         tiles = ((int(np.min(c["rows"])), int(np.min(c["keys"]))) for c in calls)
         got = Counter((r0, c0) for r0, c0 in tiles if r0 < n_q and c0 < n_k)
@@ -451,7 +450,7 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
         r0, c0 = min((got - want) + (want - got))
         i, j = r0 // block_q, c0 // block_k
         kind = "partial" if partial[i, j] else "full" if full[i, j] else "empty"
-        raise AssertionError(f"{what}: {KERNELS[kernel]} ({kernel}) masked the tile at query row {r0}, key "
+        raise AssertionError(f"{what}: {KERNELS[kernel][0]} ({kernel}) masked the tile at query row {r0}, key "
                              f"{c0} {got[(r0, c0)]} time(s), expected {want[(r0, c0)]}: it lies in block ({i}, {j}), "
                              f"{kind}\n  convention: {STAGES}; {WALK}")
 

@@ -10,7 +10,7 @@ Call them from your @triton.jit code as `tiles.row_ptrs` and `tiles.load_rows`: 
 @triton.jit function of another module into the kernel that calls it, as if written there.
 
 Exercise 13 moves its tiles through tensor descriptors instead: the wrapper describes each input
-once (`descriptor`, on the host: the tensor, its shape and strides, and a tile's rows), and the
+once (`descriptor`, on the host: the tensor, laid out by `tma_aligned`, and a tile's rows), and the
 kernel's loads name only a tile's first row (`load_tile`). On an H100 or H200 such a load is one TMA
 copy, issued by one thread, with no pointer per element held in registers; rows at or past the
 matrix's end read as zeros. Other GPUs, and the interpreter, run it as a masked pointer load.
@@ -56,16 +56,18 @@ def load_tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
     return desc.load([b, h, start, 0]).reshape(ROWS, HEAD_DIM)
 
 
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A tensor descriptor of t (B, H, n, D) whose loads are tiles of `rows` rows of one (batch, head).
-
-    A TMA copy needs the last axis contiguous and every other stride, and the start, a multiple of
-    16 bytes; t is copied into fresh memory when it is not so laid out (TensorDescriptor would
-    refuse it, on the GPU and in the interpreter alike).
-    """
+def tma_aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself when a TMA copy can read it (last axis contiguous; every other stride, and the start,
+    a multiple of 16 bytes), else a copy in fresh memory, which is. TensorDescriptor refuses any other
+    layout, on the GPU and in the interpreter alike."""
     aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
         stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
-    t = t if aligned else t.clone(memory_format=torch.contiguous_format)
+    return t if aligned else t.clone(memory_format=torch.contiguous_format)
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A tensor descriptor of t (B, H, n, D), laid out as tma_aligned leaves it, whose loads are tiles
+    of `rows` rows of one (batch, head)."""
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
