@@ -51,8 +51,9 @@ Tiles through descriptors
 The backward's matmuls first
     Advice, for speed: in each trip of the backward, compute both products of a tile, S = q kᵀ
     and dP = dO vᵀ, before any exponential. The tensor cores then work on dP while exp2 runs on S;
-    in the order of the formulas, dP after P, they wait for it (an H200, causal at n = 16k: the
-    backward 27.7 ms in that order, 25.7 ms with dP first).
+    in the order of the formulas, dP after P (as 09's kernels do), they wait for it: the same
+    result, later (an H200, causal at n = 16k: the backward 27.7 ms in that order, 25.7 ms with dP
+    first).
 
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
