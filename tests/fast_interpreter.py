@@ -15,11 +15,18 @@ And every 32-bit integer add, sub and mul is done twice: once more in 64 bits, t
 result fits. The interpreter's assertions are off (its options' `debug` is always False), so the
 assertion, and the copy it checks, are thrown away; a quarter of a kernel test's time went there.
 The check is turned off only while `debug` is False, so nothing it could report is lost.
+
+Every operation's result is a new tl.tensor, whose constructor turns its shape into a tl.tuple of
+constexprs and types each entry, and most make a new block_type, which checks, converts and names
+its shape again: a fifth of a kernel test's time. What follows from a shape of plain ints alone is
+kept per shape (constexprs are never changed once made); each object still gets its own tuple, and
+any other shape goes through Triton's own constructor, errors and all.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import weakref
 
 
@@ -35,6 +42,7 @@ def install() -> None:
     if None in functions or getattr(functions[0], "kata_fast", False):
         return
     _, patch_attr, patch_lang, get_np_dtype, scope_class = functions
+    patch_attr = _direct_calls(core, getattr(interpreter, "interpreter_semantic", None)) or patch_attr
     names: dict[int, list[str]] = {}
 
     def is_patched(pkg) -> bool:
@@ -74,6 +82,7 @@ def install() -> None:
     interpreter._patch_lang = patch_lang_once
     interpreter._get_np_dtype = np_dtype
     _skip_unasserted_overflow_checks(getattr(interpreter, "interpreter_builder", None))
+    _keep_shapes(core)
 
 
 def _skip_unasserted_overflow_checks(builder) -> None:
@@ -82,6 +91,78 @@ def _skip_unasserted_overflow_checks(builder) -> None:
     if options is None or getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
         return
     builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _direct_calls(core, semantic):
+    """The interpreter's _patch_attr without its per-call cost, or None if this Triton lacks what it needs.
+
+    Each builtin runs under a lambda that copies its keyword arguments into a new dict, dropping any
+    `_semantic`, then adds the interpreter's; the builtin's own wrapper then checks that one was
+    given. This sets it in the call's own dict, and calls the function under that check directly.
+    """
+    checking = getattr(core.builtin(lambda: None), "__code__", None)
+    if semantic is None or checking is None:
+        return None
+
+    def patch_attr(obj, name, member, builder, scope):
+        fn = member.__wrapped__ if getattr(member, "__code__", None) is checking else member
+
+        def call(*args, **kwargs):
+            kwargs["_semantic"] = semantic
+            return fn(*args, **kwargs)
+
+        scope.set_attr(obj, name, call)
+
+    return patch_attr
+
+
+def _keep_shapes(core) -> None:
+    """tl.tensor and tl.block_type built from what their shape alone decides, kept per shape; left
+    as they are if this Triton lacks what they are built from."""
+    if not all(hasattr(core, name) for name in ("tuple", "tuple_type", "constexpr_type", "validate_block_shape")):
+        return
+    block_type_init, tensor_init = core.block_type.__init__, core.tensor.__init__
+    ttuple, constexpr = core.tuple, core.constexpr
+    block_shapes: dict[tuple, tuple] = {}  # ints -> (the shape tuple's type, its text, numel)
+    tensor_shapes: dict[tuple, tuple] = {}  # ints -> (the shape's constexprs, their tuple's type, numel)
+
+    def ints(shape) -> tuple | None:
+        """A list or tl.tuple of ints or constexpr ints as a tuple of ints, else None."""
+        if type(shape) is not list and type(shape) is not ttuple:
+            return None
+        values = []
+        for entry in shape.values if type(shape) is ttuple else shape:
+            value = entry.value if type(entry) is constexpr else entry
+            if type(value) is not int:
+                return None
+            values.append(value)
+        return tuple(values)
+
+    def block_type(self, element_ty, shape):
+        key = ints(shape)
+        if not key:  # 0-d, or not plain ints: Triton's own checks say what is wrong
+            return block_type_init(self, element_ty, shape)
+        if key not in block_shapes:
+            numel = core.validate_block_shape(key)
+            block_shapes[key] = (core.tuple_type([core.constexpr_type(n) for n in key]), str([str(n) for n in key]),
+                                 numel)
+        shape_type, text, self.numel = block_shapes[key]
+        self.element_ty = element_ty
+        self.shape = ttuple(list(key), shape_type)
+        self.name = f"<{text}, {element_ty}>"
+
+    def tensor(self, handle, type):
+        key = ints(type.shape) if type.is_block() else ()
+        if key is None:
+            return tensor_init(self, handle, type)
+        if key not in tensor_shapes:
+            values = [constexpr(n) for n in key]
+            tensor_shapes[key] = (values, core.tuple_type([v.type for v in values]), constexpr(math.prod(key)))
+        values, shape_type, self.numel = tensor_shapes[key]
+        self.handle, self.type, self.dtype = handle, type, type.scalar
+        self.shape = ttuple(values, shape_type)
+
+    core.block_type.__init__, core.tensor.__init__ = block_type, tensor
 
 
 def _languages() -> tuple:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -77,12 +77,34 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
     # The slowest first: by the last run's time, else by a guess (a GPU stage, torch, the longest test file).
     order = sorted(to_run, key=lambda ex: (-cache.last_seconds(ex, target), not ex.needs_gpu, not ex.needs_torch,
                                            -ex.test_file.stat().st_size))
-    if forked:  # while the fork server imports torch for the first, the other workers run what needs no torch
-        plain = [ex for ex in order if not ex.tests_import_torch]
-        first = next(ex for ex in order if ex.tests_import_torch)
-        order = [first, *plain, *(ex for ex in order if ex.tests_import_torch and ex is not first)]
+    if forked:  # the first to start starts the fork server: one whose tests import torch
+        order.insert(0, order.pop(next(i for i, ex in enumerate(order) if ex.tests_import_torch)))
+    futures = {ex.number: Future() for ex in order}
+    lock = threading.Lock()
+
+    def take() -> Exercise | None:
+        """The slowest left, taken when a worker is free rather than in a fixed order; while the fork
+        server imports torch for the first, the slowest that needs no torch. What is left of those
+        once the server is up is quick, so it comes last and evens out the workers' ends."""
+        with lock:
+            if not order:
+                return None
+            # The first taken starts the fork server: until its imports are done, it waits for them.
+            waiting = forked and len(order) < len(futures) and not launch.server_up()
+            ex = next((ex for ex in order if not ex.tests_import_torch), order[0]) if waiting else order[0]
+            order.remove(ex)
+            return ex
+
+    def work() -> None:
+        while (ex := take()) is not None:
+            try:
+                futures[ex.number].set_result(_run_tests(ex, target, timeout, forked))
+            except BaseException as error:  # noqa: BLE001 - raised where the result is read
+                futures[ex.number].set_exception(error)
+
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    futures = {ex.number: pool.submit(_run_tests, ex, target, timeout, forked) for ex in order}
+    for _ in range(max(1, workers)):
+        pool.submit(work)
     results = []
     try:
         for ex in exercises:
@@ -90,7 +112,9 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
             if on_result:
                 on_result(results[-1])
     except BaseException:  # Ctrl-C: the test processes run in sessions of their own, so end them here
-        pool.shutdown(wait=False, cancel_futures=True)
+        with lock:
+            order.clear()
+        pool.shutdown(wait=False)
         for proc in list(_LIVE):
             _kill(proc)
         raise

@@ -39,3 +39,47 @@ def test_overflow_checks_are_dropped_only_where_no_assertion_could_fire_and_ints
     run = subprocess.run([sys.executable, "-c", OVERFLOWING_KERNEL], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+# A block type and a tensor of each shape, described by every attribute the interpreter reads,
+# made by Triton's own constructors and then by the fast interpreter's; errors are described too.
+SHAPES_BOTH_WAYS = """
+import os
+import sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, "tests")
+import triton.language as tl
+from triton.language import core
+import fast_interpreter
+
+SHAPES = [[16], [16, 32], [1, 1, 64, 128], [tl.constexpr(16), 8], core.tuple([4, 4]), [], [3], [2**21, 2**21],
+          [16.0]]
+
+def described(shape, dtype):
+    try:
+        block = core.block_type(dtype, shape)
+        t = core.tensor(None, block)
+    except Exception as err:
+        return (type(err).__name__, str(err))
+    return (block.name, block.numel, repr(block.shape), str(block.shape.type), str(block), block.element_ty,
+            repr(t.shape), str(t.shape.type), repr(t.numel), t.dtype, t.type is block)
+
+def all_described():
+    return [described(s, dtype) for s in SHAPES for dtype in (tl.float32, tl.int1)]
+
+before = all_described()
+fast_interpreter.install()
+after = all_described()
+assert before == after, [(b, a) for b, a in zip(before, after) if b != a]
+one, two = (core.tensor(None, core.block_type(tl.float32, [16, 32])) for _ in range(2))
+assert one.shape is not two.shape and one.shape.values is not two.shape.values  # nothing shared to mutate
+print("ok")
+"""
+
+
+def test_tensors_and_block_types_come_out_as_tritons_own_constructors_make_them():
+    # The fast interpreter builds tl.tensor and tl.block_type from a cache per shape; a wrong entry
+    # (a name, a numel, a shape's type) would change what a kernel computes or how an error reads.
+    run = subprocess.run([sys.executable, "-c", SHAPES_BOTH_WAYS], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
