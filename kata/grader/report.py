@@ -7,6 +7,7 @@ import textwrap
 from tabulate import tabulate
 
 from kata.exercises import format_numbers, numbers_where
+from kata.gpu import NO_GPU
 from kata.grader.results import (FAILING, MISSING, NOT_STARTED, PASSED, SKIPPED, ExerciseResult, Failure, TestResult,
                                  display_path)
 
@@ -47,12 +48,12 @@ def skipped_why(results: list[ExerciseResult]) -> list[str]:
 def next_step(results: list[ExerciseResult]) -> str:
     current = next((r for r in results if not r.ok and r.status != SKIPPED), None)
     if current is None:
-        gpu_notes = [r.note for r in results if r.exercise.needs_gpu and r.note]  # GPU tests were skipped
-        if any("nvidia-smi" in note for note in gpu_notes):  # a GPU is there, but torch cannot use it
-            reason = next(note for note in gpu_notes if "nvidia-smi" in note)
+        gpu_skips = [why for r in results if r.exercise.needs_gpu for why in _gpu_skips(r)]
+        if any("nvidia-smi" in why for why in gpu_skips):  # a GPU is there, but torch cannot use it
+            reason = next(why for why in gpu_skips if "nvidia-smi" in why)
             return "\n".join(["Every exercise passes on the CPU, but the GPU tests were skipped:"]
-                             + _wrap(reason.split(": ", 1)[-1], indent="  "))
-        if gpu_notes:
+                             + _wrap(reason, indent="  "))
+        if gpu_skips:
             stages = format_numbers(numbers_where("needs_gpu"))
             return "\n".join(["Every exercise passes on the CPU. On a machine with a CUDA GPU, run",
                               "  python grader.py", *textwrap.wrap(f"again to test {stages} compiled, then time your "
@@ -69,6 +70,15 @@ def next_step(results: list[ExerciseResult]) -> str:
     if current.status != MISSING:
         lines.append(f"Details: python grader.py {ex.number}    Hint: python grader.py hint {ex.number}")
     return "\n".join(lines)
+
+
+def _gpu_skips(result: ExerciseResult) -> list[str]:
+    """Why a GPU exercise's GPU tests did not run: no usable CUDA GPU, or no Triton. A GPU run skips
+    other tests (those of the interpreter), for other reasons."""
+    if result.status == SKIPPED:
+        return [result.note]
+    return [t.skip_reason for t in result.tests if t.outcome == "skipped" and t.skip_reason
+            and (NO_GPU in t.skip_reason or "nvidia-smi" in t.skip_reason)]
 
 
 def details(result: ExerciseResult) -> str:

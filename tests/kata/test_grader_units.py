@@ -210,6 +210,18 @@ def test_doctor_names_known_bad_combinations(versions, system, cuda, expected):
     assert (expected in texts) if expected else texts == ""
 
 
+@pytest.mark.parametrize("skip_reason, next_step", [
+    ("no CUDA GPU", "Every exercise passes on the CPU. On a machine with a CUDA GPU, run"),
+    ("tests the interpreter: compiled, bfloat16 works", "Every exercise passes. Time your kernels with"),
+], ids=["cpu", "gpu"])
+def test_the_last_step_asks_for_a_gpu_run_only_where_the_gpu_tests_were_skipped(skip_reason, next_step):
+    """On a GPU the interpreter's own tests skip: the GPU stage has run, so the next step is the
+    benchmark, not another run on a GPU."""
+    rows = [result([ran("a"), FINISH], "01"),
+            result([ran("a"), ran("b", "skipped", skip_reason=skip_reason), FINISH], "06")]
+    assert next_step in summary(rows, "solutions/")
+
+
 def test_a_gpu_torch_cannot_use_is_named_in_the_report():
     """nvidia-smi sees a GPU but torch cannot use it: the report says so and names the fix, in full."""
     why = ("nvidia-smi sees Tesla T4, but torch 2.13.0 is a CPU build. Fix: install a CUDA build of torch in "
