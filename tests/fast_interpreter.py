@@ -162,7 +162,23 @@ def _keep_shapes(core) -> None:
         self.handle, self.type, self.dtype = handle, type, type.scalar
         self.shape = ttuple(values, shape_type)
 
-    core.block_type.__init__, core.tensor.__init__ = block_type, tensor
+    # A Triton whose constructors set other attributes than these would get objects it does not
+    # expect: check one of each against its own first, and keep its own on any difference.
+    if _same(core.block_type, block_type_init, block_type, (core.float32, [16, 32])) and _same(
+            core.tensor, tensor_init, tensor, (None, core.block_type(core.float32, [16, 32]))):
+        core.block_type.__init__, core.tensor.__init__ = block_type, tensor
+
+
+def _same(cls, own, kept, args) -> bool:
+    """Whether the constructors `own` and `kept` of `cls` give objects of the same attributes, each
+    of the same type and text, on `args`."""
+    made = []
+    for init in (own, kept):
+        obj = cls.__new__(cls)
+        init(obj, *args)
+        made.append({name: (type(value), str(value), str(getattr(value, "type", None)))
+                     for name, value in vars(obj).items()})
+    return made[0] == made[1]
 
 
 def _languages() -> tuple:

@@ -83,3 +83,33 @@ def test_tensors_and_block_types_come_out_as_tritons_own_constructors_make_them(
     run = subprocess.run([sys.executable, "-c", SHAPES_BOTH_WAYS], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+OTHER_CONSTRUCTOR = """
+import os
+import sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, "tests")
+from triton.language import core
+import fast_interpreter
+
+own = core.block_type.__init__
+
+def other(self, element_ty, shape):  # a later Triton's block_type, with an attribute of its own
+    own(self, element_ty, shape)
+    self.layout = "blocked"
+
+core.block_type.__init__ = other
+fast_interpreter.install()
+assert core.block_type.__init__ is other, "replaced a constructor it does not reproduce"
+assert core.block_type(core.float32, [16, 32]).layout == "blocked"
+print("ok")
+"""
+
+
+def test_a_triton_whose_constructors_differ_keeps_its_own():
+    # The cache reproduces the constructors of the Triton versions it was written for; another
+    # version's could set what it does not, and its objects would then lack it.
+    run = subprocess.run([sys.executable, "-c", OTHER_CONSTRUCTOR], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
