@@ -4,7 +4,14 @@ import sys
 
 from kata.exercises import ROOT
 
-# Run apart: TRITON_INTERPRET is read when Triton loads, and this process may have loaded it already.
+
+def run_apart(script: str) -> None:
+    """Run `script` in a Python of its own: TRITON_INTERPRET is read when Triton loads, and this
+    process may have loaded it already. It prints "ok" when every assertion in it held."""
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
 OVERFLOWING_KERNEL = """
 import sys
 sys.path.insert(0, "tests")
@@ -36,21 +43,23 @@ print("ok")
 def test_overflow_checks_are_dropped_only_where_no_assertion_could_fire_and_ints_still_wrap():
     # The interpreter's debug is off, so its 64-bit overflow check of each int32 op asserted
     # nothing; without it, int32 arithmetic must still wrap exactly as before.
-    run = subprocess.run([sys.executable, "-c", OVERFLOWING_KERNEL], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    run_apart(OVERFLOWING_KERNEL)
 
 
-# A block type and a tensor of each shape, described by every attribute the interpreter reads,
-# made by Triton's own constructors and then by the fast interpreter's; errors are described too.
-SHAPES_BOTH_WAYS = """
+# Triton loaded for the interpreter, the fast interpreter imported but not yet installed.
+INTERPRETER_NOT_INSTALLED = """
 import os
 import sys
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, "tests")
-import triton.language as tl
 from triton.language import core
 import fast_interpreter
+"""
+
+# A block type and a tensor of each shape, described by every attribute the interpreter reads,
+# made by Triton's own constructors and then by the fast interpreter's; errors are described too.
+SHAPES_BOTH_WAYS = INTERPRETER_NOT_INSTALLED + """
+import triton.language as tl
 
 SHAPES = [[16], [16, 32], [1, 1, 64, 128], [tl.constexpr(16), 8], core.tuple([4, 4]), [], [3], [2**21, 2**21],
           [16.0]]
@@ -80,18 +89,10 @@ print("ok")
 def test_tensors_and_block_types_come_out_as_tritons_own_constructors_make_them():
     # The fast interpreter builds tl.tensor and tl.block_type from a cache per shape; a wrong entry
     # (a name, a numel, a shape's type) would change what a kernel computes or how an error reads.
-    run = subprocess.run([sys.executable, "-c", SHAPES_BOTH_WAYS], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    run_apart(SHAPES_BOTH_WAYS)
 
 
-OTHER_CONSTRUCTOR = """
-import os
-import sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "tests")
-from triton.language import core
-import fast_interpreter
+OTHER_CONSTRUCTOR = INTERPRETER_NOT_INSTALLED + """
 
 own = core.block_type.__init__
 
@@ -110,6 +111,4 @@ print("ok")
 def test_a_triton_whose_constructors_differ_keeps_its_own():
     # The cache reproduces the constructors of the Triton versions it was written for; another
     # version's could set what it does not, and its objects would then lack it.
-    run = subprocess.run([sys.executable, "-c", OTHER_CONSTRUCTOR], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    run_apart(OTHER_CONSTRUCTOR)
