@@ -48,12 +48,14 @@ Tiles through descriptors
     is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
     here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
 
-The backward's matmuls first
-    Advice, for speed: in each trip of the backward, compute both products of a tile, S = q kᵀ
-    and dP = dO vᵀ, before any exponential. The tensor cores then work on dP while exp2 runs on S;
-    in the order of the formulas, dP after P (as 09's kernels do), they wait for it: the same
-    result, later (an H200, causal at n = 16k: the backward 27.7 ms in that order, 25.7 ms with dP
-    first).
+The backward's running sums last
+    Advice, for speed: in each trip of the backward, compute the products that are not running
+    sums first, S = q kᵀ and dP = dO vᵀ, and the sums (dV += Pᵀ dO, dK += dSᵀ q, dQ += dS k) last.
+    Compiled for Hopper, Triton waits for a product that is not a running sum as soon as it is
+    issued, and that wait takes every product still in flight; a running sum it leaves running
+    into the next trip. In 09's order, dV before dP, the wait for dP holds the trip until dV is
+    done too; with dP first, dV and dK run on while the next trip reads its start and waits for
+    its tiles (an H200, causal at n = 16k: the backward 27.7 ms in 09's order, 25.7 ms this way).
 
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
@@ -193,9 +195,10 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_Q // BLOCK_M per block, their starts read a
-    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Sᵀ = k qᵀ, then dPᵀ = v dOᵀ before any
-    #       exponential; Pᵀ = exp2(Sᵀ · qk_scale − lse · log2 e), from tile unmasked · per_block on 0
-    #       where tile_allowed says no; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q.
+    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Sᵀ = k qᵀ and dPᵀ = v dOᵀ first (the
+    #       sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse · log2 e), from tile
+    #       unmasked · per_block on 0 where tile_allowed says no; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D);
+    #       dk += dSᵀ q.
     raise NotImplementedError("_dkdv_tiles: replace this line with your code")
 
 
@@ -220,7 +223,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
     float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
     _dq_tiles, the keys from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_K // BLOCK_N per block, their starts read a
-    #       trip ahead; load K, V; S = q kᵀ, then dP = dO vᵀ before any exponential;
+    #       trip ahead; load K, V; S = q kᵀ and dP = dO vᵀ first (the sum dq last);
     #       P = exp2(S · qk_scale − lse2), from tile unmasked · per_block on 0 where tile_allowed says
     #       no; dS = P ∘ (dP − D); dq += dS k.
     raise NotImplementedError("_dq_tiles: replace this line with your code")

@@ -48,12 +48,14 @@ Tiles through descriptors
     is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
     here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
 
-The backward's matmuls first
-    Advice, for speed: in each trip of the backward, compute both products of a tile, S = q kᵀ
-    and dP = dO vᵀ, before any exponential. The tensor cores then work on dP while exp2 runs on S;
-    in the order of the formulas, dP after P (as 09's kernels do), they wait for it: the same
-    result, later (an H200, causal at n = 16k: the backward 27.7 ms in that order, 25.7 ms with dP
-    first).
+The backward's running sums last
+    Advice, for speed: in each trip of the backward, compute the products that are not running
+    sums first, S = q kᵀ and dP = dO vᵀ, and the sums (dV += Pᵀ dO, dK += dSᵀ q, dQ += dS k) last.
+    Compiled for Hopper, Triton waits for a product that is not a running sum as soon as it is
+    issued, and that wait takes every product still in flight; a running sum it leaves running
+    into the next trip. In 09's order, dV before dP, the wait for dP holds the trip until dV is
+    done too; with dP first, dV and dK run on while the next trip reads its start and waits for
+    its tiles (an H200, causal at n = 16k: the backward 27.7 ms in 09's order, 25.7 ms this way).
 
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
@@ -255,9 +257,10 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_Q // BLOCK_M per block, their starts read a
-    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Sᵀ = k qᵀ, then dPᵀ = v dOᵀ before any
-    #       exponential; Pᵀ = exp2(Sᵀ · qk_scale − lse · log2 e), from tile unmasked · per_block on 0
-    #       where tile_allowed says no; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q.
+    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Sᵀ = k qᵀ and dPᵀ = v dOᵀ first (the
+    #       sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse · log2 e), from tile
+    #       unmasked · per_block on 0 where tile_allowed says no; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D);
+    #       dk += dSᵀ q.
     # BEGIN SOLUTION
     offs_m = tl.arange(0, BLOCK_M)
     per_block = BLOCK_Q // BLOCK_M
@@ -269,7 +272,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
         lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
         delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
         s_t = tl.dot(k, tl.trans(q))
-        dp_t = tl.dot(v, tl.trans(do))  # issued first, the tensor cores compute it while exp2 runs below
+        dp_t = tl.dot(v, tl.trans(do))  # before dV's sum, whose product its wait would hold up (the lesson)
         p_t = tl.math.exp2(s_t * qk_scale - (lse * 1.4426950408889634)[None, :])
         if t >= unmasked * per_block:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)), p_t, 0.0)
@@ -325,7 +328,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
     float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
     _dq_tiles, the keys from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_K // BLOCK_N per block, their starts read a
-    #       trip ahead; load K, V; S = q kᵀ, then dP = dO vᵀ before any exponential;
+    #       trip ahead; load K, V; S = q kᵀ and dP = dO vᵀ first (the sum dq last);
     #       P = exp2(S · qk_scale − lse2), from tile unmasked · per_block on 0 where tile_allowed says
     #       no; dS = P ∘ (dP − D); dq += dS k.
     # BEGIN SOLUTION
@@ -337,7 +340,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k))
-        dp = tl.dot(do, tl.trans(v))  # as in _dkdv_tiles: computed while exp2 runs
+        dp = tl.dot(do, tl.trans(v))  # as in _dkdv_tiles: the products first, the running sum dq last
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if t >= unmasked * per_block:
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), p, 0.0)
