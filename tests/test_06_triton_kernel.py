@@ -13,14 +13,14 @@ from checks import assert_close
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
-                            call, kv_in_layouts, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
+from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LOG_OF_ZERO_WANTED, LSE, PADDING,  # noqa: E402
+                            WRAPPER_BAD_INPUTS, call, kv_in_layouts, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
                             poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
                             tolerance, visible)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log2(0) = -inf, wanted
+pytestmark = LOG_OF_ZERO_WANTED
 MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k"
 NOT_READ = "keys that no query may attend hold NaN here: a NaN in o means such a key (a tile) was loaded"

@@ -15,14 +15,14 @@ from checks import assert_close
 torch = pytest.importorskip("torch", reason="skipped: exercise 10 needs PyTorch")
 from oracles_torch import attention  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LSE, PADDING, WRAPPER_BAD_INPUTS,  # noqa: E402
-                            assert_called, call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
+from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LOG_OF_ZERO_WANTED, LSE, PADDING,  # noqa: E402
+                            WRAPPER_BAD_INPUTS, assert_called, call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
                             poison_padding, poisoned_buffers, randn, record_stages,  # noqa: F401 (a fixture)
                             skip_unless_supported, tolerance, visible)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, wanted
+pytestmark = LOG_OF_ZERO_WANTED
 GQA = "query head h reads kv head h // (H_q / H_kv); tile row r is query r % n_q of head kv·G + r // n_q"
 MASKED_ROW = "kv_lens[b] = 0 gives o = 0 and lse = -inf for every row of batch b, never NaN"
 SPLIT = ("split s covers keys [s·c, (s+1)·c) below kv_lens[b], c = keys_per_split(n_k, S); "

@@ -27,7 +27,7 @@ from checks import assert_unmodified
 torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
                             low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
@@ -42,7 +42,7 @@ from kata.given import masks as given_masks  # noqa: E402
 
 # P is rebuilt before the mask zeroes it (overflow to inf, unused); a fully masked row has lse = log(0).
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")]
+              LOG_OF_ZERO_WANTED]
 MASKS = ("causal: j <= i; sliding_window(w): i - w < j <= i; document_mask(ids): ids[i] == ids[j] and j <= i "
          "(query i, key j, top-left aligned also when n_q != n_k)")
 FORMULAS = ("P = exp(scale·QKᵀ − lse) on the allowed pairs, dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − D), "

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from triton_helpers import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
+from triton_helpers import DEVICE, INTERPRETED, LOG_OF_ZERO_WANTED  # noqa: E402  sets TRITON_INTERPRET before Triton loads
 from triton.runtime.errors import OutOfResources  # noqa: E402
 from oracles_torch import attention, attention_grads  # noqa: E402
 
@@ -109,7 +109,7 @@ def test_paper_columns_match_the_reference(target):
         check_training(column, fn, q, k, v, causal=True)
 
 
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # an empty split: log2(0) = -inf, wanted
+@LOG_OF_ZERO_WANTED
 @pytest.mark.parametrize("num_splits", [None, 2], ids=["splits-chosen", "splits-2"])
 def test_decode_columns_match_the_reference(target, num_splits):
     """`--bench decode`: one query row, 4 query heads over 2 kv heads; 06 on K/V repeated to 4 heads."""
