@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,9 +47,22 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
         verdict = "passed"
     elif done.returncode == 1 and " failed" in summary:
         verdict = "failed"
+        summary += _first_failure(lines)
     else:
         verdict = f"error (pytest exit {done.returncode})"
     return Outcome(verdict, time.perf_counter() - start, summary)
+
+
+def _first_failure(lines: list[str]) -> str:
+    """The first failed test and the seed that replays it, from pytest's report: on fresh seeds a
+    failure is otherwise lost with the run."""
+    headers = [i for i, line in enumerate(lines) if re.fullmatch(r"_{3,} (\S.*\S) _{3,}", line)]
+    if not headers:
+        return ""
+    name = re.fullmatch(r"_{3,} (\S.*\S) _{3,}", lines[headers[0]]).group(1)
+    section = lines[headers[0]:headers[1] if len(headers) > 1 else None]
+    seed = next((line.strip() for line in section if "rerun with KATA_SEED=" in line), None)
+    return f"; first failure: {name}" + (f" ({seed})" if seed else "")
 
 
 def parse_args(argv: list[str], usage: str) -> tuple[list[Exercise], bool]:

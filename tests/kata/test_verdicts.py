@@ -1,5 +1,6 @@
 """Verdicts as a learner reads them: the failed check comes first, and the same code gets the same counts."""
 import json
+import re
 import subprocess
 import sys
 
@@ -7,7 +8,7 @@ import pytest
 
 from kata.exercises import ROOT, find
 from kata.dev.mutants import load_mutants
-from kata.dev.trial import parse_args
+from kata.dev.trial import parse_args, run_tests
 
 
 def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:
@@ -32,6 +33,16 @@ def test_the_same_wrong_solution_gets_the_same_counts_every_run(tmp_path):
     counts = {json.loads(graded(tmp_path, "02", "l_not_rescaled", "--json").stdout)["exercises"][0]["passed"]
               for _ in range(3)}
     assert len(counts) == 1, f"passed counts differ between runs: {sorted(counts)}"
+
+
+def test_a_failed_trial_names_its_failing_tests_and_their_seeds():
+    """A correct alternative rejected on fresh seeds: pytest's last line alone named neither the test nor the seed."""
+    exercise = find("02")
+    source = next(m for m in load_mutants(exercise) if m.name == "l_not_rescaled").source()
+    outcome = run_tests(exercise, source, timeout=120, fresh_seeds=True)
+    assert outcome.verdict == "failed", outcome
+    assert re.search(r"; first failure: test_\w+\[?.*\(seed \d+: rerun with KATA_SEED=\d+\)$", outcome.summary), \
+        outcome.summary
 
 
 def test_the_dev_commands_name_an_exercise_that_does_not_exist():
