@@ -53,14 +53,17 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     return Outcome(verdict, time.perf_counter() - start, summary)
 
 
+FAILURE_HEADER = re.compile(r"_{3,} (\S.*\S) _{3,}")  # pytest's "____ test_name ____" over each failure
+
+
 def _first_failure(lines: list[str]) -> str:
     """The first failed test and the seed that replays it, from pytest's report: on fresh seeds a
     failure is otherwise lost with the run."""
-    headers = [i for i, line in enumerate(lines) if re.fullmatch(r"_{3,} (\S.*\S) _{3,}", line)]
+    headers = [(i, found.group(1)) for i, line in enumerate(lines) if (found := FAILURE_HEADER.fullmatch(line))]
     if not headers:
         return ""
-    name = re.fullmatch(r"_{3,} (\S.*\S) _{3,}", lines[headers[0]]).group(1)
-    section = lines[headers[0]:headers[1] if len(headers) > 1 else None]
+    (first, name), after = headers[0], headers[1:]
+    section = lines[first:after[0][0] if after else None]
     seed = next((line.strip() for line in section if "rerun with KATA_SEED=" in line), None)
     return f"; first failure: {name}" + (f" ({seed})" if seed else "")
 
