@@ -22,6 +22,8 @@ The walk (per program; T_c key blocks, T_r query blocks)
         then the partial blocks kv_indices[i, :kv_num_blocks[i]]    masked
     dK, dV, one program per BLOCK_N keys of key block j: the same over full_q_indices[j] and
     q_indices[j] (the transposed lists). dQ, one program per BLOCK_M rows: the forward's lists.
+    The dQ kernel runs first: it also makes D = rowsum(dO ∘ O) from the O and dO rows it holds
+    (09 gave D a kernel of its own), which the dK, dV kernel then reads.
     A masked tile applies the mask through tile_allowed. A full block cut by the array's end (the
     last block, when n is not a multiple of the block size: only the last of its list, since lists
     ascend) is masked too: the rows or keys past the end must weigh 0.
@@ -36,6 +38,16 @@ One loop a program
     early (an H200's forward, causal at n = 16k: 10.3 ms with the start read in the same trip, 9.1 ms
     with it read a trip ahead).
 
+Programs longest list first
+    A program finds its block in the block mask's order (kv_order for the forward and dQ, q_order
+    for dK, dV: the blocks by list length, longest first), not by its number. The GPU runs as many
+    programs at once as fit and starts the next as one ends, so whatever starts last sets the
+    kernel's end: started last, the short lists leave no long program running alone. Advice, for
+    speed (any order gives the same answer): on an H200, documents at n = 64k, the forward, dK, dV
+    and dQ kernels take 12.9 ms together in block order, 12.4 in this one (the profiler's times).
+    Under a causal mask it is the order 06 and 09 chose by hand: the last query blocks, and key
+    block 0, first.
+
 Tiles within blocks
     A program's tiles may be smaller than the mask's blocks: BLOCK_M divides block_q and BLOCK_N
     divides block_k (so that 128-wide blocks can run as 64-wide tiles, which fit the registers).
@@ -46,7 +58,12 @@ Tiles through descriptors
     kernel loads a tile by its first row: tiles.load_tile(desc, b, h, start, ROWS, HEAD_DIM). Rows
     past the end read as zeros, so no tile load needs a bounds mask; the stores do. On an H200 this
     is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
-    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
+    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers). lse and D lie side by
+    side in one (B, H, 2, n) tensor, so that dK, dV reads both for its tile of rows with one copy,
+    tiles.load_stats(desc, b, h, start, ROWS) (rows past the end read as zeros); the forward and
+    dQ write them with pointer stores, rows (b·H + h)·stride_lse apart. On an H200, lse and D read
+    by descriptor make dK, dV 4–9% faster than pointer loads on the short lists of windows and
+    documents; read apart, in copies of 16 rows (64 bytes), they fault there.
 
 The backward's running sums last
     Advice, for speed: in each trip of the backward, compute the products that are not running
@@ -79,11 +96,11 @@ Conventions
     128-wide blocks, thousands of tokens and a training run.
 
 Given (kata/given/)
-    masks.py    Mask, tile_allowed, block_mask, ends_ragged (is a list's last block the ragged one?)
-    tiles.py    load_tile (and tma_aligned, descriptor, which the wrapper calls); row_ptrs for stores; the
-                head-dim padding, as in 06 and 09
+    masks.py    Mask, tile_allowed, block_mask (its lists and their order), ends_ragged (is a list's last
+                block the ragged one?)
+    tiles.py    load_tile, load_stats (and tma_aligned, descriptor, row_stats, stats_descriptor, which
+                the wrapper calls); row_ptrs for stores; the head-dim padding, as in 06 and 09
     inputs.py   check_inputs: 06's ValueErrors
-    solved.py   solved("09")._bwd_delta: D = rowsum(dO ∘ O), 09's first backward kernel
 """
 import math
 
@@ -95,11 +112,8 @@ from kata.given import masks, tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, MAX_TILE, interpreted
 from kata.given.masks import Mask, check_block_mask
-from kata.given.solved import solved
 
 block_mask = masks.block_mask  # exercise 12's, solved, on the device: block_mask(mask, n_q, n_k, block_q, block_k)
-_bwd_delta = solved("09")._bwd_delta  # D = rowsum(dO ∘ O), exercise 09's kernel
-DELTA_ROWS = 64  # query rows per program of _bwd_delta
 
 
 # ---------------------------------------------------------------- masks -----------------------------
@@ -170,16 +184,18 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 
 
 @triton.jit
-def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
-                stride_ob, stride_oh, stride_on, H, n_q, n_k, t_c,
+def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+                qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
 
-    Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
-    (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
+    With T_r · per_block programs a (batch, head), per_block = BLOCK_Q // BLOCK_M, program p owns
+    batch·head p // (T_r · per_block) and, r = p % (T_r · per_block), slice r % per_block of query
+    block i = ORDER[r // per_block] (ORDER: the query blocks, longest list first). The lists (T_r,)
+    and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE: lse of (b, h) at LSE + (b·H + h)·stride_lse.
     """
-    # TODO: load Q once (tiles.load_tile from q_desc); i = the query block holding these rows; fold
+    # TODO: find this program's rows (i from ORDER); load Q once (tiles.load_tile from q_desc); fold
     #       its full blocks, then its partial ones, all but a ragged last full block unmasked; write
     #       o = acc / l (l = 0 gives o = 0) and lse = (m + log2 l) · ln 2.
     raise NotImplementedError("_sparse_fwd: replace this line with your code")
@@ -188,28 +204,28 @@ def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_I
 # ---------------------------------------------------------------- the backward (yours) -------------
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_Q // BLOCK_M per block, their starts read a
-    #       trip ahead (as in _fwd_tiles); load Q, dO, lse, D; Sᵀ = k qᵀ and dPᵀ = v dOᵀ first (the
-    #       sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse · log2 e), from tile
-    #       unmasked · per_block on 0 where tile_allowed says no; dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D);
-    #       dk += dSᵀ q.
+    #       trip ahead (as in _fwd_tiles); load Q, dO, then lse and D (tiles.load_stats); Sᵀ = k qᵀ
+    #       and dPᵀ = v dOᵀ first (the sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse ·
+    #       log2 e), from tile unmasked · per_block on 0 where tile_allowed says no; dv += Pᵀ dO;
+    #       dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q.
     raise NotImplementedError("_dkdv_tiles: replace this line with your code")
 
 
 @triton.jit
-def _sparse_dkdv(q_desc, k_desc, v_desc, do_desc, DK, DV, LSE, DELTA, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window,
+def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_NUM, Q_IDX, FULL_NUM, FULL_IDX, window,
                  doc_ids, qk_scale, scale, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  H, n_q, n_k, t_r,
                  MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dK, dV of BLOCK_N keys (a slice of key block j) of one (batch, head), over the
-    transposed lists, row j at Q_IDX + j·t_r. LSE, DELTA (B, H, n_q) contiguous float32."""
+    """One program: dK, dV of BLOCK_N keys (a slice of key block j = ORDER[...], as in _sparse_fwd) of
+    one (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
     # TODO: load K and V once (tiles.load_tile); walk key block j's full query blocks, then its
     #       partial ones, all but a ragged last full block unmasked; store dk·scale and dv.
     raise NotImplementedError("_sparse_dkdv: replace this line with your code")
@@ -230,13 +246,14 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
 
 
 @triton.jit
-def _sparse_dq(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-               qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, H, n_q, n_k, t_c,
+def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
+               window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), over
-    the forward's lists."""
-    # TODO: load Q, dO, lse·log2 e and D once; walk as the forward does with _dq_tiles; store dq·scale.
+    """One program: dQ and D of BLOCK_M query rows (a slice of query block i, found as in _sparse_fwd)
+    of one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
+    # TODO: load Q, dO, and lse·log2 e once; D = rowsum(dO ∘ O) from an O tile, in float32, stored for
+    #       dK, dV; walk as the forward does with _dq_tiles; store dq·scale.
     raise NotImplementedError("_sparse_dq: replace this line with your code")
 
 
@@ -264,6 +281,12 @@ def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
                 dq=(rows, max(16, keys // 2), warps, stages))
 
 
+def programs(n: int, block: int, tile: int) -> int:
+    """Programs a (batch, head) for n rows in blocks of `block`, `tile` rows a program: every block
+    whole, the last one's slices past n included (they store nothing)."""
+    return triton.cdiv(n, block) * (block // tile)
+
+
 class BlockSparseAttention(torch.autograd.Function):
     """o = softmax(scale · q kᵀ under the mask) v over the listed tiles; the backward recomputes P."""
 
@@ -274,27 +297,26 @@ class BlockSparseAttention(torch.autograd.Function):
         q, k, v = (tiles.tma_aligned(tiles.pad_head_dim(t, width)) for t in (q, k, v))  # kept for the backward
         (B, H, n_q, _), n_k = q.shape, k.shape[2]
         o = torch.empty_like(q)
-        lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+        stats = tiles.row_stats(B, H, n_q, q.device)  # lse, and D in the backward
+        lse = stats[:, :, 0]
         block_m, block_n, warps, stages = kernel_tiles(bm, width, q.element_size())["fwd"]
-        _sparse_fwd[(triton.cdiv(n_q, block_m) * B * H,)](
-            tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n), o, lse,
-            bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids,
-            scale * LOG2E, *o.stride()[:3], H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod, HEAD_DIM=width,
-            BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-            num_stages=stages)
-        ctx.save_for_backward(q, k, v, o, lse)
+        _sparse_fwd[(programs(n_q, bm.block_q, block_m) * B * H,)](
+            bm.kv_order, tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n), o,
+            lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids,
+            scale * LOG2E, *o.stride()[:3], lse.stride(1), H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod,
+            HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(q, k, v, o, stats)
         ctx.bm, ctx.mask, ctx.scale, ctx.head_dim = bm, mask, scale, head_dim
         return o[..., :head_dim]
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, stats = ctx.saved_tensors
         bm, mask, scale = ctx.bm, ctx.mask, ctx.scale
         do = tiles.tma_aligned(tiles.pad_head_dim(do, q.shape[-1]))
         (B, H, n_q, width), n_k = q.shape, k.shape[2]
-        delta = torch.empty_like(lse)  # D = rowsum(dO ∘ O) in float32, by exercise 09's kernel
-        _bwd_delta[(triton.cdiv(n_q, DELTA_ROWS) * B * H,)](o, do, delta, *o.stride()[:3], *do.stride()[:3], H, n_q,
-                                                          HEAD_DIM=width, BLOCK_M=DELTA_ROWS)
+        lse, delta = stats[:, :, 0], stats[:, :, 1]  # D: made by the dQ kernel, read by dK, dV's
         sizes = kernel_tiles(bm, width, q.element_size())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         common = dict(MOD=mask.mod, HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k)
@@ -303,18 +325,18 @@ class BlockSparseAttention(torch.autograd.Function):
             return (tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n),
                     tiles.descriptor(do, block_m))
 
-        block_m, block_n, warps, stages = sizes["dkdv"]
-        _sparse_dkdv[(triton.cdiv(n_k, block_n) * B * H,)](
-            *inputs(block_m, block_n), dk, dv, lse, delta, bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks,
-            bm.full_q_indices, mask.window, mask.doc_ids, scale * LOG2E, scale, *dk.stride()[:3], *dv.stride()[:3],
-            H, n_q, n_k, bm.q_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-            num_stages=stages, **common)
         block_m, block_n, warps, stages = sizes["dq"]
-        _sparse_dq[(triton.cdiv(n_q, block_m) * B * H,)](
-            *inputs(block_m, block_n), dq, lse, delta, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
-            bm.full_kv_indices, mask.window, mask.doc_ids, scale * LOG2E, scale, *dq.stride()[:3],
-            H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
-            num_stages=stages, **common)
+        _sparse_dq[(programs(n_q, bm.block_q, block_m) * B * H,)](
+            bm.kv_order, *inputs(block_m, block_n), tiles.descriptor(o, block_m), dq, lse, delta, bm.kv_num_blocks,
+            bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids, scale * LOG2E,
+            scale, *dq.stride()[:3], lse.stride(1), H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common)
+        block_m, block_n, warps, stages = sizes["dkdv"]
+        _sparse_dkdv[(programs(n_k, bm.block_k, block_n) * B * H,)](
+            bm.q_order, *inputs(block_m, block_n), tiles.stats_descriptor(stats, block_m), dk, dv, bm.q_num_blocks,
+            bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices, mask.window, mask.doc_ids, scale * LOG2E,
+            scale, *dk.stride()[:3], *dv.stride()[:3], H, n_q, n_k, bm.q_indices.shape[1], BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common)
         d = ctx.head_dim
         return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None
 

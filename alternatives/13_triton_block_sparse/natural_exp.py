@@ -41,8 +41,8 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 
 
 @triton.jit
-def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids, qk_scale,
-                stride_ob, stride_oh, stride_on, H, n_q, n_k, t_c,
+def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
+                qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
@@ -50,13 +50,15 @@ def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_I
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and row tile p % cdiv(n_q, BLOCK_M). The lists
     (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE (B, H, n_q) contiguous float32.
     """
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
+    per_block = BLOCK_Q // BLOCK_M
+    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
     bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
+    rank = tl.program_id(0) % n_tiles
+    i = tl.load(ORDER + rank // per_block)
+    tile = i * per_block + rank % per_block
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    i = tile * BLOCK_M // BLOCK_Q
     q = tiles.load_tile(q_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
     full, partial = FULL_IDX + i * t_c, KV_IDX + i * t_c
     n_full, n_partial = tl.load(FULL_NUM + i), tl.load(KV_NUM + i)
@@ -72,11 +74,11 @@ def _sparse_fwd(q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_I
     lse = m + tl.log(l)  # l = 0: log(0) = -inf
     o_ptrs = tiles.row_ptrs(O, b, h, stride_ob, stride_oh, stride_on, rows, HEAD_DIM)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(rows < n_q)[:, None])
-    tl.store(LSE + bh.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
+    tl.store(LSE + bh.to(tl.int64) * stride_lse + rows, lse, mask=rows < n_q)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
@@ -90,8 +92,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
         rows = start + offs_m
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
-        lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
-        delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
+        lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
         p_t = tl.exp(tl.dot(k, tl.trans(q)) * scale - lse[None, :])
         if t >= unmasked * per_block:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)), p_t, 0.0)
@@ -127,23 +128,27 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
 
 
 @triton.jit
-def _sparse_dq(q_desc, k_desc, v_desc, do_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
-               qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, H, n_q, n_k, t_c,
+def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
+               window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: dQ of BLOCK_M query rows (a slice of query block i) of one (batch, head), over
     the forward's lists."""
-    n_tiles = tl.cdiv(n_q, BLOCK_M)
+    per_block = BLOCK_Q // BLOCK_M
+    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
     bh = tl.program_id(0) // n_tiles
-    tile = n_tiles - 1 - tl.program_id(0) % n_tiles  # causal: the last rows have the most tiles, so run first
+    rank = tl.program_id(0) % n_tiles
+    i = tl.load(ORDER + rank // per_block)
+    tile = i * per_block + rank % per_block
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    i = tile * BLOCK_M // BLOCK_Q
     q = tiles.load_tile(q_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
     do = tiles.load_tile(do_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
-    delta = tl.load(DELTA + bh.to(tl.int64) * n_q + rows, mask=rows < n_q, other=0.0)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * stride_lse + rows, mask=rows < n_q, other=0.0)
+    o = tiles.load_tile(o_desc, b, h, tile * BLOCK_M, BLOCK_M, HEAD_DIM)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # D = rowsum(dO ∘ O), here and for dK, dV
+    tl.store(DELTA + bh.to(tl.int64) * stride_lse + rows, delta, mask=rows < n_q)
     full, partial = FULL_IDX + i * t_c, KV_IDX + i * t_c
     n_full, n_partial = tl.load(FULL_NUM + i), tl.load(KV_NUM + i)
     unmasked = n_full - masks.ends_ragged(full, n_full, n_k, BLOCK_K)

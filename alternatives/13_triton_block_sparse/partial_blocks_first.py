@@ -51,7 +51,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add the query blocks partial[:n_partial], then full[:n_full], BLOCK_M rows at a time, into the
@@ -64,8 +64,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
         rows = start + offs_m
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
-        lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
-        delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
+        lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * 1.4426950408889634)[None, :])
         if masked:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)), p_t, 0.0)

@@ -10,7 +10,7 @@ from kata.given import masks, tiles
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_full, partial, n_partial, unmasked,
+def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_Q: tl.constexpr,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
@@ -24,8 +24,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, b, h, LSE, DELTA, full, n_f
         rows = start + offs_m
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
-        lse = tl.load(LSE + rows, mask=rows < n_q, other=0.0)
-        delta = tl.load(DELTA + rows, mask=rows < n_q, other=0.0)
+        lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * 1.4426950408889634)
         if e >= unmasked:  # where, not a product: lse = -inf on a fully masked row, so P = inf there
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids), p, 0.0)

@@ -30,3 +30,6 @@ class BlockMask:
     q_indices: np.ndarray           # (T_c, T_r) int
     full_q_num_blocks: np.ndarray   # (T_c,) int
     full_q_indices: np.ndarray      # (T_c, T_r) int
+    # Exercise 13's program order, not FlexAttention's: the blocks by list length (partial + full), longest first
+    kv_order: np.ndarray | None = None  # (T_r,) int: query blocks, for the forward and dQ
+    q_order: np.ndarray | None = None   # (T_c,) int: key blocks, for dK, dV

@@ -79,10 +79,17 @@ def _lists(listed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts.contiguous(), indices.contiguous()
 
 
+def _longest_first(counts: torch.Tensor) -> torch.Tensor:
+    """The blocks by count, largest first, ties in block order: the order in which a kernel's programs
+    should start, so that the last to start, running when the GPU has little else left, are the shortest."""
+    return torch.argsort(counts, descending=True, stable=True).to(torch.int32).contiguous()
+
+
 def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, device=None) -> BlockMask:
     """Exercise 12's block_mask, solved, for a Triton mask: every tile classified on the device,
     one tile (on a GPU) at a time, never an n_q x n_k array; the lists in FlexAttention's layout,
-    int32 tensors on `device` (doc_ids' device, else CUDA, else the CPU under the interpreter).
+    int32 tensors on `device` (doc_ids' device, else CUDA, else the CPU under the interpreter), and
+    kv_order, q_order: the blocks longest list first, the order in which 13's programs start them.
     block_q and block_k are powers of two, at least 16."""
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if block < 16 or block & (block - 1):
@@ -101,8 +108,9 @@ def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, devic
     _classify[(t_r, triton.cdiv(t_c, tiles))](kind, mask.mod, mask.window, mask.doc_ids, n_q, n_k, t_c,
                                               BLOCK_Q=block_q, BLOCK_K=block_k, TILES=tiles)
     partial, full = kind == 1, kind == 2
-    return BlockMask(n_q, n_k, block_q, block_k, *_lists(partial), *_lists(full),
-                     *_lists(partial.T), *_lists(full.T))
+    lists = [*_lists(partial), *_lists(full), *_lists(partial.T), *_lists(full.T)]
+    return BlockMask(n_q, n_k, block_q, block_k, *lists,
+                     kv_order=_longest_first(lists[0] + lists[2]), q_order=_longest_first(lists[4] + lists[6]))
 
 
 def check_block_mask(block_mask: BlockMask, q: torch.Tensor, k: torch.Tensor) -> None:

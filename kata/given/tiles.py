@@ -17,6 +17,9 @@ matrix's end read as zeros. Other GPUs, and the interpreter, run it as a masked 
 
     k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)  # rows start .. start + BLOCK_N - 1
 
+The backward's numbers per query row, lse and D, lie side by side in one (B, H, 2, n) tensor
+(`row_stats`), and a kernel reads both for a tile of rows with one copy (`load_stats`).
+
 HEAD_DIM is the tile's width: tl.dot and tl.arange need a power of two, at least 16, so each
 wrapper pads the caller's D with zero columns up to padded_width(D) before launching (a zero
 column adds 0 to every dot product and gives a zero column of output, which the wrapper cuts off).
@@ -54,6 +57,25 @@ def load_tile(desc, b, h, start, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Rows start .. start + ROWS - 1 of the (b, h) matrix that `desc` (from descriptor(t, ROWS))
     describes, (ROWS, HEAD_DIM); rows at or past its end read as zeros."""
     return desc.load([b, h, start, 0]).reshape(ROWS, HEAD_DIM)
+
+
+def row_stats(B: int, H: int, n: int, device) -> torch.Tensor:
+    """An empty float32 (B, H, 2, n): each (batch, head)'s lse in row 0 and D in row 1, side by side so
+    that one TMA copy reads both (load_stats); its rows are stored n rounded up to a multiple of 4
+    long, 16 bytes apart or a multiple of it, as a TMA copy needs."""
+    return torch.empty((B, H, 2, triton.cdiv(n, 4) * 4), dtype=torch.float32, device=device)[..., :n]
+
+
+def stats_descriptor(stats: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A tensor descriptor of `stats` (from row_stats) whose loads are lse and D of `rows` query rows."""
+    return TensorDescriptor(stats, list(stats.shape), list(stats.stride()), [1, 1, 2, rows])
+
+
+@triton.jit
+def load_stats(desc, b, h, start, ROWS: tl.constexpr):
+    """lse and D of rows start .. start + ROWS - 1 of (b, h), each (ROWS,); rows at or past the end
+    read as zeros. One copy of both: apart, a copy of 16 rows (64 bytes) faults on an H200."""
+    return tl.split(tl.trans(desc.load([b, h, 0, start]).reshape(2, ROWS)))
 
 
 def tma_aligned(t: torch.Tensor) -> torch.Tensor:
