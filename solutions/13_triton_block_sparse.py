@@ -58,12 +58,13 @@ Tiles through descriptors
     kernel loads a tile by its first row: tiles.load_tile(desc, b, h, start, ROWS, HEAD_DIM). Rows
     past the end read as zeros, so no tile load needs a bounds mask; the stores do. On an H200 this
     is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
-    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers). lse and D lie side by
-    side in one (B, H, 2, n) tensor, so that dK, dV reads both for its tile of rows with one copy,
-    tiles.load_stats(desc, b, h, start, ROWS) (rows past the end read as zeros); the forward and
-    dQ write them with pointer stores, rows (b·H + h)·stride_lse apart. On an H200, lse and D read
-    by descriptor make dK, dV 4–9% faster than pointer loads on the short lists of windows and
-    documents; read apart, in copies of 16 rows (64 bytes), they fault there.
+    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
+    lse and D lie side by side in one (B, H, 2, n) tensor, so that dK, dV reads both for its tile
+    of rows with one copy, lse, d = tiles.load_stats(desc, b, h, start, ROWS) (rows past the end
+    read as zeros); the forward and dQ write them with pointer stores, rows (b·H + h)·stride_lse
+    apart. On an H200, lse and D read by descriptor make dK, dV 4–9% faster than pointer loads on
+    the short lists of windows and documents; read apart, in copies of 16 rows (64 bytes), they
+    fault there.
 
 The backward's running sums last
     Advice, for speed: in each trip of the backward, compute the products that are not running
@@ -309,8 +310,10 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: dK, dV of BLOCK_N keys (a slice of key block j = ORDER[...], as in _sparse_fwd) of
     one (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
-    # TODO: load K and V once (tiles.load_tile); walk key block j's full query blocks, then its
-    #       partial ones, all but a ragged last full block unmasked; store dk·scale and dv.
+    # TODO: find this program's keys as _sparse_fwd finds its rows (j from ORDER, per_block =
+    #       BLOCK_K // BLOCK_N); load K and V once (tiles.load_tile); walk key block j's full query
+    #       blocks, then its partial ones, all but a ragged last full block unmasked; store dk·scale
+    #       and dv.
     # BEGIN SOLUTION
     per_block = BLOCK_K // BLOCK_N
     n_tiles = tl.cdiv(n_k, BLOCK_K) * per_block
@@ -377,8 +380,9 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: dQ and D of BLOCK_M query rows (a slice of query block i, found as in _sparse_fwd)
     of one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
-    # TODO: load Q, dO, and lse·log2 e once; D = rowsum(dO ∘ O) from an O tile, in float32, stored for
-    #       dK, dV; walk as the forward does with _dq_tiles; store dq·scale.
+    # TODO: find this program's rows as _sparse_fwd does; load Q, dO, and lse·log2 e once;
+    #       D = rowsum(dO ∘ O) from an O tile, in float32, stored (rows < n_q) for dK, dV; walk as
+    #       the forward does with _dq_tiles; store dq·scale.
     # BEGIN SOLUTION
     per_block = BLOCK_Q // BLOCK_M
     n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
@@ -412,7 +416,8 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
 def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel for this mask, head width and
     element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal,
-    measured with pointer loads, before the descriptors; docs/benchmark.md, steps 2 and 8),
+    measured with pointer loads, before the descriptors, 09's D kernel and the programs' order;
+    docs/benchmark.md, steps 2 and 8),
     whole blocks win the forward (128 x 128 at 3 stages: 9.0, against 9.6 for 128 x 64), dK, dV
     walks query tiles of 64 at 3 stages (with 4 warps they take twice as long), and dQ walks key
     tiles of 64 at 3 stages (the whole backward 28.2, against 29.7 for whole blocks at 2 stages;

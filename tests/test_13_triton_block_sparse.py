@@ -135,7 +135,10 @@ def check_lists(bm, partial, full, what):
 
 def with_garbage(bm, partial, full, rng):
     """bm with every entry past each count overwritten: by a block nobody lists (its rows hold NaN)
-    where there is one, else by a block the row does list (read twice, it counts twice)."""
+    where there is one, else by a block the row does list (read twice, it counts twice); and its
+    program orders shuffled: any order gives the same answer, but a kernel that takes its lists from
+    the order and its rows from the program's number does not (the given orders of causal-like masks
+    on the CPU's sizes put key block 0 first, as the program numbers do)."""
     listed = partial | full
     dead = {"query": torch.nonzero(~listed.any(0)).flatten(), "key": torch.nonzero(~listed.any(1)).flatten()}
     lists = {"query": listed, "key": listed.T}
@@ -148,6 +151,9 @@ def with_garbage(bm, partial, full, rng):
             past = int(getattr(bm, counts)[b])
             idx[b, past:] = pool[torch.from_numpy(rng.integers(len(pool), size=idx.shape[1] - past))].to(idx.dtype)
         changes[indices] = idx.to(getattr(bm, indices).device).contiguous()
+    for order in ("kv_order", "q_order"):
+        blocks = getattr(bm, order)
+        changes[order] = blocks[torch.from_numpy(rng.permutation(len(blocks))).to(blocks.device)].contiguous()
     return dataclasses.replace(bm, **changes)
 
 
@@ -405,7 +411,8 @@ def test_lse_stays_float32_under_float16_inputs(ex, rng):
     by up to 13%. Scores are large but the softmax flat (large_lse_inputs): a peaked one makes the
     correct backward's own float16 error, through D, as large as the bug's."""
     check(ex, rng, causal(), *large_lse_inputs(rng, 48, 16), 16, 16, scale=1.0,
-          convention="lse (B, H, n_q) is float32 whatever the inputs' dtype, as in 06 and 09")
+          convention="lse (row 0 of tiles.row_stats' (B, H, 2, n_q)) is float32 whatever the inputs' dtype, "
+                      "as in 06 and 09")
 
 
 # ---- which tiles each kernel masks ----------------------------------------------------------------
@@ -489,14 +496,16 @@ def bad_inputs(ex):
                                                        mask=ex.causal), "built for")
     cases["not-a-mask"] = (lambda q, k: dict(q=q, k=k, v=k, block_mask=bm, mask=lambda q_idx, kv_idx: kv_idx <= q_idx),
                            "Mask")
+    cases["mask-without-order"] = (lambda q, k: dict(q=q, k=k, v=k, block_mask=dataclasses.replace(bm, q_order=None),
+                                                     mask=ex.causal), "order")
     return cases
 
 
 @pytest.mark.given
-@pytest.mark.parametrize("case", [*WRAPPER_BAD_INPUTS, "mask-for-other-sizes", "not-a-mask"])
+@pytest.mark.parametrize("case", [*WRAPPER_BAD_INPUTS, "mask-for-other-sizes", "not-a-mask", "mask-without-order"])
 def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
     """The wrapper names the problem (shape, dtype, device, head dim, scale, a block mask built for other
-    sizes, a mask that is not a Mask) before any launch."""
+    sizes or by hand, without the programs' order, a mask that is not a Mask) before any launch."""
     build_kwargs, words = bad_inputs(ex)[case]
     with pytest.raises(ValueError, match=words):
         ex.block_sparse_attention(**build_kwargs(*small_qk(rng)))

@@ -114,10 +114,14 @@ def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, devic
 
 
 def check_block_mask(block_mask: BlockMask, q: torch.Tensor, k: torch.Tensor) -> None:
-    """Raise ValueError when `block_mask` was built for other sizes, or lives on another device, than q, k."""
+    """Raise ValueError when `block_mask` was built for other sizes, or lives on another device, than q, k,
+    or lacks the programs' order (a BlockMask made by hand)."""
     n_q, n_k = q.shape[2], k.shape[2]
     if (block_mask.n_q, block_mask.n_k) != (n_q, n_k):
         raise ValueError(f"the block mask was built for n_q = {block_mask.n_q}, n_k = {block_mask.n_k}; "
                          f"q and k have n_q = {n_q}, n_k = {n_k}: build it for these sizes")
+    if block_mask.kv_order is None or block_mask.q_order is None:
+        raise ValueError("the block mask has no program order (kv_order, q_order): build it with "
+                         "block_mask(mask, n_q, n_k, block_q, block_k)")
     if block_mask.kv_indices.device != q.device:
         raise ValueError(f"the block mask is on {block_mask.kv_indices.device}, q on {q.device}")
