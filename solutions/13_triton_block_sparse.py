@@ -185,6 +185,25 @@ def _tile_start(full, n_full, partial, n_partial, t, BLOCK: tl.constexpr, TILE: 
 
 
 @triton.jit
+def _program_tile(ORDER, n, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """(batch·head, block, tile) of this program, for n rows in blocks of BLOCK, TILE rows a program.
+
+    A (batch, head) has cdiv(n, BLOCK) · per_block programs, per_block = BLOCK // TILE (the last
+    block's slices past n included: they store nothing). Program p is batch·head p // that, and its
+    rank r = p % that takes block ORDER[r // per_block] (ORDER: the blocks, longest list first) and
+    its slice r % per_block, which is tile block · per_block + r % per_block of TILE rows.
+    """
+    # TODO: as above; read ORDER once.
+    # BEGIN SOLUTION
+    per_block = BLOCK // TILE
+    n_tiles = tl.cdiv(n, BLOCK) * per_block
+    rank = tl.program_id(0) % n_tiles
+    block = tl.load(ORDER + rank // per_block)
+    return tl.program_id(0) // n_tiles, block, block * per_block + rank % per_block
+    # END SOLUTION
+
+
+@triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
                qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr):
@@ -227,23 +246,16 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
                 qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
-
-    With T_r · per_block programs a (batch, head), per_block = BLOCK_Q // BLOCK_M, program p owns
-    batch·head p // (T_r · per_block) and, r = p % (T_r · per_block), slice r % per_block of query
-    block i = ORDER[r // per_block] (ORDER: the query blocks, longest list first). The lists (T_r,)
-    and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE: lse of (b, h) at LSE + (b·H + h)·stride_lse.
+    """One program: BLOCK_M query rows (a slice of query block i, from _program_tile) of one
+    (batch, head). The lists (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE: lse of
+    (b, h) at LSE + (b·H + h)·stride_lse.
     """
-    # TODO: find this program's rows (i from ORDER); load Q once (tiles.load_tile from q_desc); fold
-    #       its full blocks, then its partial ones, all but a ragged last full block unmasked; write
-    #       o = acc / l (l = 0 gives o = 0) and lse = (m + log2 l) · ln 2.
+    # TODO: find this program's rows (_program_tile, ORDER being kv_order); load Q once
+    #       (tiles.load_tile from q_desc); fold its full blocks, then its partial ones, all but a
+    #       ragged last full block unmasked; write o = acc / l (l = 0 gives o = 0) and
+    #       lse = (m + log2 l) · ln 2.
     # BEGIN SOLUTION
-    per_block = BLOCK_Q // BLOCK_M
-    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
-    bh = tl.program_id(0) // n_tiles
-    rank = tl.program_id(0) % n_tiles
-    i = tl.load(ORDER + rank // per_block)
-    tile = i * per_block + rank % per_block
+    bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -308,19 +320,13 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
                  H, n_q, n_k, t_r,
                  MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dK, dV of BLOCK_N keys (a slice of key block j = ORDER[...], as in _sparse_fwd) of
-    one (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
-    # TODO: find this program's keys as _sparse_fwd finds its rows (j from ORDER, per_block =
-    #       BLOCK_K // BLOCK_N); load K and V once (tiles.load_tile); walk key block j's full query
-    #       blocks, then its partial ones, all but a ragged last full block unmasked; store dk·scale
-    #       and dv.
+    """One program: dK, dV of BLOCK_N keys (a slice of key block j, from _program_tile) of one
+    (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
+    # TODO: find this program's keys (_program_tile with q_order, key blocks of BLOCK_K); load K and
+    #       V once (tiles.load_tile); walk key block j's full query blocks, then its partial ones,
+    #       all but a ragged last full block unmasked; store dk·scale and dv.
     # BEGIN SOLUTION
-    per_block = BLOCK_K // BLOCK_N
-    n_tiles = tl.cdiv(n_k, BLOCK_K) * per_block
-    bh = tl.program_id(0) // n_tiles
-    rank = tl.program_id(0) % n_tiles
-    j = tl.load(ORDER + rank // per_block)
-    tile = j * per_block + rank % per_block
+    bh, j, tile = _program_tile(ORDER, n_k, BLOCK_K, BLOCK_N)
     b = bh // H
     h = bh % H
     keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -378,18 +384,13 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
                window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dQ and D of BLOCK_M query rows (a slice of query block i, found as in _sparse_fwd)
-    of one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
+    """One program: dQ and D of BLOCK_M query rows (a slice of query block i, from _program_tile) of
+    one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
     # TODO: find this program's rows as _sparse_fwd does; load Q, dO, and lse·log2 e once;
     #       D = rowsum(dO ∘ O) from an O tile, in float32, stored (rows < n_q) for dK, dV; walk as
     #       the forward does with _dq_tiles; store dq·scale.
     # BEGIN SOLUTION
-    per_block = BLOCK_Q // BLOCK_M
-    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
-    bh = tl.program_id(0) // n_tiles
-    rank = tl.program_id(0) % n_tiles
-    i = tl.load(ORDER + rank // per_block)
-    tile = i * per_block + rank % per_block
+    bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -437,8 +438,8 @@ def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
 
 
 def programs(n: int, block: int, tile: int) -> int:
-    """Programs a (batch, head) for n rows in blocks of `block`, `tile` rows a program: every block
-    whole, the last one's slices past n included (they store nothing)."""
+    """Programs a (batch, head) for n rows in blocks of `block`, `tile` rows a program, as
+    _program_tile counts them."""
     return triton.cdiv(n, block) * (block // tile)
 
 

@@ -45,19 +45,8 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
                 qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows (a slice of query block i) of one (batch, head).
-
-    With T_r · per_block programs a (batch, head), per_block = BLOCK_Q // BLOCK_M, program p owns
-    batch·head p // (T_r · per_block) and, r = p % (T_r · per_block), slice r % per_block of query
-    block i = ORDER[r // per_block] (ORDER: the query blocks, longest list first). The lists (T_r,)
-    and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE: lse of (b, h) at LSE + (b·H + h)·stride_lse.
-    """
-    per_block = BLOCK_Q // BLOCK_M
-    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
-    bh = tl.program_id(0) // n_tiles
-    rank = tl.program_id(0) % n_tiles
-    i = tl.load(ORDER + rank // per_block)
-    tile = i * per_block + rank % per_block
+    """As the solution's, with lse = m + log l in natural units."""
+    bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -134,14 +123,8 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
                window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: dQ and D of BLOCK_M query rows (a slice of query block i, found as in _sparse_fwd)
-    of one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
-    per_block = BLOCK_Q // BLOCK_M
-    n_tiles = tl.cdiv(n_q, BLOCK_Q) * per_block
-    bh = tl.program_id(0) // n_tiles
-    rank = tl.program_id(0) % n_tiles
-    i = tl.load(ORDER + rank // per_block)
-    tile = i * per_block + rank % per_block
+    """As the solution's, with lse left in natural units."""
+    bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
     h = bh % H
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -108,9 +108,9 @@ def block_mask(mask: Mask, n_q: int, n_k: int, block_q: int, block_k: int, devic
     _classify[(t_r, triton.cdiv(t_c, tiles))](kind, mask.mod, mask.window, mask.doc_ids, n_q, n_k, t_c,
                                               BLOCK_Q=block_q, BLOCK_K=block_k, TILES=tiles)
     partial, full = kind == 1, kind == 2
-    lists = [*_lists(partial), *_lists(full), *_lists(partial.T), *_lists(full.T)]
-    return BlockMask(n_q, n_k, block_q, block_k, *lists,
-                     kv_order=_longest_first(lists[0] + lists[2]), q_order=_longest_first(lists[4] + lists[6]))
+    kv, full_kv, q, full_q = _lists(partial), _lists(full), _lists(partial.T), _lists(full.T)  # (counts, indices)
+    return BlockMask(n_q, n_k, block_q, block_k, *kv, *full_kv, *q, *full_q,
+                     kv_order=_longest_first(kv[0] + full_kv[0]), q_order=_longest_first(q[0] + full_q[0]))
 
 
 def check_block_mask(block_mask: BlockMask, q: torch.Tensor, k: torch.Tensor) -> None:
