@@ -132,28 +132,25 @@ def from_exercise(column: str, number: str, folder: Path, *names: str) -> tuple:
         raise ColumnError(column, err) from err
 
 
-def measure(torch, name: str, fn, expected, flops: float) -> dict:
-    """{'ms', 'tflops', 'mib', 'err'} for method `name` in one cell, or {'note'} saying why there is no
-    number. fn() is checked against `expected` first (its first call also compiles it: never timed);
-    expected None: a baseline that computes another function, unchecked (err None)."""
-    def timed():
+def checked(torch, name: str, fn, expected, flops: float) -> dict:
+    """Method `name`'s fn() made ready to time: {'run': fn, 'flops', 'mib', 'err'}, or {'note'} saying
+    why there is no number. fn() is checked against `expected` first (its first call also compiles it:
+    never timed); expected None: a baseline that computes another function, unchecked (err None)."""
+    def check():
         out = fn()
         err = None if expected is None else max_error(out, expected)
         if err is not None and not err <= 0.05:  # bf16 outputs of magnitude < 1: a bigger gap is a wrong answer
             return {"note": f"wrong ({err:.2g})"}
         del out
-        mib = peak_mib(torch, fn)
-        ms = median_ms(fn)
-        return {"ms": ms, "tflops": flops / ms * 1e-9, "mib": mib, "err": err}
-    return guarded(torch, name, timed)
+        return {"run": fn, "flops": flops, "mib": peak_mib(torch, fn), "err": err}
+    return guarded(torch, name, check)
 
 
-def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float, backward_alone: bool = True) -> dict:
-    """Method `name`'s backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
-    'tflops', 'mib', 'err'} (peak over a forward + backward; err: the worst gradient's, relative to its
-    largest entry), or {'note'}. `expected`: the right (dq, dk, dv), or None: unchecked, as in `measure`.
-    backward_alone=False: no 'bwd_' numbers. Timing the backward alone replays it on one graph
-    (retain_graph), which a torch.compile'd backward that donates its buffers refuses."""
+def checked_training(torch, name: str, fn, q, k, v, do, expected, flops: float) -> dict:
+    """Method `name`'s forward + backward made ready to time, as `checked`: {'run', 'flops', 'mib',
+    'err', 'leaves'} (peak over a forward + backward; err: the worst gradient's, relative to its
+    largest entry; leaves: the q, k, v it differentiates), or {'note'}. `expected`: the right (dq, dk,
+    dv), or None: unchecked. `flops`: the forward's; the backward counts BACKWARD_FLOPS times that."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
     def step():
@@ -161,23 +158,67 @@ def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float, 
             t.grad = None
         fn(*leaves).backward(do)
 
-    def timed():
+    def check():
         step()
         errors = []
         for grad, t, ref in zip(("dq", "dk", "dv"), leaves, expected or ()):
             errors.append(max_error(t.grad, ref) / max(1.0, ref.float().abs().max().item()))
             if not errors[-1] <= 0.05:  # relative to the largest gradient: bf16 rounding stays near 1e-2
                 return {"note": f"wrong {grad} ({errors[-1]:.2g})"}
-        err = max(errors) if errors else None
-        mib = peak_mib(torch, step)
-        ms = median_ms(step)
-        out = {"ms": ms, "tflops": (1 + BACKWARD_FLOPS) * flops / ms * 1e-9, "mib": mib, "err": err}
-        if backward_alone:
+        return {"run": step, "flops": (1 + BACKWARD_FLOPS) * flops, "mib": peak_mib(torch, step),
+                "err": max(errors) if errors else None, "leaves": leaves}
+    return guarded(torch, name, check)
+
+
+def timed(torch, ready: dict, rounds: int = 1) -> dict:
+    """name -> {'ms', 'tflops', 'mib', 'err', 'rounds'} for each method of `ready` (name -> `checked`'s
+    answer), or its {'note'}. The methods are timed in turn, `rounds` times, each round in the
+    reverse order of the one before; 'rounds' holds each round's median ms, and 'ms' is the fastest.
+    A slow spell of the GPU (its clocks, a neighbour on the machine) then slows one round of every
+    method, where timed once each it would make one method look slower than another."""
+    times = {name: [] for name, cell in ready.items() if "run" in cell}
+    notes = {}
+    for r in range(rounds):
+        for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+            if name in notes:
+                continue
+            got = guarded(torch, name, lambda run=ready[name]["run"]: {"ms": median_ms(run)})
+            if "ms" in got:
+                times[name].append(got["ms"])
+            else:  # out of memory now, say: the method's note, its earlier rounds dropped
+                notes[name] = got
+    out = {}
+    for name, cell in ready.items():
+        if "run" not in cell or name in notes:
+            out[name] = notes.get(name) or {"note": cell["note"]}
+            continue
+        ms = min(times[name])
+        out[name] = {"ms": ms, "tflops": cell["flops"] / ms * 1e-9, "mib": cell["mib"], "err": cell["err"],
+                     "rounds": times[name]}
+    return out
+
+
+def measure(torch, name: str, fn, expected, flops: float) -> dict:
+    """{'ms', 'tflops', 'mib', 'err'} for method `name` in one cell, timed once, or {'note'}: `checked`."""
+    return timed(torch, {name: checked(torch, name, fn, expected, flops)})[name]
+
+
+def measure_training(torch, name: str, fn, q, k, v, do, expected, flops: float, backward_alone: bool = True) -> dict:
+    """Method `name`'s backward and forward + backward in one cell: {'bwd_ms', 'bwd_tflops', 'ms',
+    'tflops', 'mib', 'err'}, or {'note'}: `checked_training`, timed once. backward_alone=False: no
+    'bwd_' numbers. Timing the backward alone replays it on one graph (retain_graph), which a
+    torch.compile'd backward that donates its buffers refuses."""
+    ready = checked_training(torch, name, fn, q, k, v, do, expected, flops)
+    out = timed(torch, {name: ready})[name]
+    if backward_alone and "ms" in out:
+        leaves = ready["leaves"]
+
+        def backward():
             o = fn(*leaves)
             bwd_ms = median_ms(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves)
-            out.update(bwd_ms=bwd_ms, bwd_tflops=BACKWARD_FLOPS * flops / bwd_ms * 1e-9)
-        return out
-    return guarded(torch, name, timed)
+            return {"bwd_ms": bwd_ms, "bwd_tflops": BACKWARD_FLOPS * flops / bwd_ms * 1e-9}
+        out.update(guarded(torch, name, backward))
+    return out
 
 
 def gradients(fn, q, k, v, do) -> list:

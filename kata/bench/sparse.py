@@ -1,7 +1,8 @@
 """Time exercise 13's block-sparse attention against FlexAttention and dense causal attention.
 
     python grader.py --bench sparse [--n 8192 16384 32768 65536] [--mask causal window-1k window-4k documents]
-                                    [--pass forward|backward|both] [--plot PATH] [--no-plot]
+                                    [--pass forward|backward|both] [--rounds R] [--plot PATH]
+                                    [--no-plot]
 
 Every cell is bfloat16 with B·n = 65536 tokens (B = 65536 // n), H = 16, D = 128, and one block mask of
 128 × 128 tiles for every (batch, head). The masks are the 64k table's (kata/tools/io_report.py):
@@ -10,12 +11,14 @@ with a fixed seed, causal within each. Methods: yours (the target folder's 13: i
 block_mask and block_sparse_attention), FlexAttention (torch.compile(flex_attention) with
 create_block_mask of the same mask written as a mask_mod, compiled before it is timed), and dense
 causal attention: SDPA with is_causal=True on every mask, the baseline of the speed-ups. Yours is
-checked against FlexAttention once per cell (o, and dq, dk, dv in the forward + backward), then each
-method is timed with triton.testing.do_bench (median ms). Density: the tiles the block mask computes
-(partial and full) over all T_r·T_c. TFLOP/s count only the pairs the mask keeps: 4·pairs·D per
-(batch, head) for the forward, 2.5 times that for the backward. A column that cannot run on this GPU
-(out of memory, FlexAttention not compiling) or is not started gets a note; any other error stops
-the benchmark, naming its column. Without a CUDA device it says so and returns 2.
+checked against FlexAttention once per cell (o, and dq, dk, dv in the forward + backward), then the
+methods are timed in turn, --rounds times, each time with triton.testing.do_bench (median ms); a
+method's time is its fastest round, so that a slow spell of the GPU falls on every method, not on
+one, and the summary gives the range of the rounds' own ratios. Density: the tiles the block mask
+computes (partial and full) over all T_r·T_c. TFLOP/s count only the pairs the mask keeps:
+4·pairs·D per (batch, head) for the forward, 2.5 times that for the backward. A column that cannot
+run on this GPU (out of memory, FlexAttention not compiling) or is not started gets a note; any
+other error stops the benchmark, naming its column. Without a CUDA device it says so and returns 2.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from kata.bench.common import (BACKWARD_FLOPS, cell, default_backend, fmt, from_exercise, geomean, gpu_torch,
-                               gradients, guarded, measure, measure_training, pyplot)
+from kata.bench.common import (BACKWARD_FLOPS, cell, checked, checked_training, default_backend, fmt, from_exercise,
+                               geomean, gpu_torch, gradients, guarded, pyplot, timed)
 from kata.bench.common import speedup as cell_speedup
 from kata.exercises import SOLUTIONS_DIR
 from kata.tools import io_report
@@ -34,6 +37,7 @@ TOKENS, HEADS, HEAD_DIM, BLOCK = 65536, 16, 128, 128  # B·n, H, D of every cell
 SIZES = [8192, 16384, 32768, 65536]
 YOURS, REFERENCE, FLEX, DENSE = "yours", "reference", "flex", "dense causal"
 PASSES = {"fwd": "forward", "train": "forward + backward"}
+ROUNDS = 5  # each method's time: the fastest of this many medians, the methods taking turns
 # The reference's goal: the 4k window at n = 64k computes 1/8 of the causal tiles, so it should run
 # at least 6 times as fast as dense causal attention.
 TARGET_MASK, TARGET_N, TARGET_SPEEDUP = "window 4k", 65536, 6.0
@@ -48,6 +52,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    type=lambda name: name.replace("-", " "), help="masks: causal window-1k window-4k documents")
     p.add_argument("--pass", dest="passes", choices=["forward", "backward", "both"], default="both",
                    help="time the forward, the forward + backward, or both")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help=f"time the methods in turn this many times, keeping each one's fastest (default {ROUNDS})")
     p.add_argument("--plot", type=Path, default=Path("bench_13.png"), help="where the plot goes (needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="no plot")
     return p.parse_args(argv)
@@ -116,9 +122,9 @@ def flex_reference(torch, fn, q, k, v, do, training: bool) -> dict:
     return guarded(torch, FLEX, first_call)
 
 
-def runcell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str]) -> None:
-    """Time yours and FlexAttention on one (mask, n) into row[pass][name]; the dense column is the
-    caller's, being the same for every mask."""
+def runcell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str], rounds: int) -> None:
+    """Time yours and FlexAttention on one (mask, n) into row[pass][name], in turn, `rounds` times; the
+    dense column is the caller's, being the same for every mask."""
     torch.compiler.reset()  # FlexAttention compiles afresh in each cell: no recompile limit is met
     q, k, v, do = tensors
     flops = 4 * row["pairs"] * HEAD_DIM * row["B"] * HEADS
@@ -132,22 +138,21 @@ def runcell(torch, table: dict, row: dict, mask: dict, tensors, passes: list[str
         ready = {FLEX: ref, mine: made[mine]}  # a note, or a column that runs
         for name, expected in ((FLEX, None), (mine, ref.get("out"))):  # yours unchecked if flex did not run
             fn = made[name].get("fn")
-            if "note" in ready[name]:
-                row[key][name] = {"note": ready[name]["note"]}
-            elif training:
-                row[key][name] = measure_training(torch, name, fn, q, k, v, do, expected, flops, backward_alone=False)
-            else:
-                row[key][name] = measure(torch, name, partial(fn, q, k, v), expected, flops)
+            if "note" not in ready[name]:
+                ready[name] = (checked_training(torch, name, fn, q, k, v, do, expected, flops) if training
+                               else checked(torch, name, partial(fn, q, k, v), expected, flops))
+        row[key].update(timed(torch, ready, rounds))
         del ref, ready
 
 
-def dense_cells(torch, make, n: int, B: int, tensors, passes: list[str]) -> dict:
-    """pass -> the dense causal column's numbers at this n (TFLOP/s over the causal pairs), and
-    'backend': the one SDPA picks."""
+def dense_cells(torch, make, n: int, B: int, tensors, passes: list[str], rounds: int) -> dict:
+    """pass -> the dense causal column's numbers at this n (TFLOP/s over the causal pairs), the fastest
+    of `rounds` medians as the other columns' are, and 'backend': the one SDPA picks."""
     q, k, v, do = tensors
     fn, flops = make(n, BLOCK), 4 * (n * (n + 1) // 2) * HEAD_DIM * B * HEADS
-    cells = {key: measure_training(torch, DENSE, fn, q, k, v, do, None, flops, backward_alone=False) if key == "train"
-             else measure(torch, DENSE, partial(fn, q, k, v), None, flops) for key in passes}
+    ready = {key: checked_training(torch, DENSE, fn, q, k, v, do, None, flops) if key == "train"
+             else checked(torch, DENSE, partial(fn, q, k, v), None, flops) for key in passes}
+    cells = {key: timed(torch, {DENSE: ready[key]}, rounds)[DENSE] for key in passes}
     return {**cells, "backend": default_backend(torch, q, k, v, True)}
 
 
@@ -162,12 +167,12 @@ def run_cells(torch, args, table: dict) -> list[dict]:
             gen = torch.Generator(device="cuda").manual_seed(n)
             tensors = [torch.randn(B, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
                        for _ in range(4)]
-            dense[n] = dense_cells(torch, table[DENSE], n, B, tensors, passes)
+            dense[n] = dense_cells(torch, table[DENSE], n, B, tensors, passes, args.rounds)
         mask = io_report.interval_masks(n)[name]
         first, last = io_report.interval_bounds(n, **mask)
         row = {"mask": name, "n": n, "B": B, "density": density(first, last, BLOCK), "pairs": kept_pairs(first, last),
                "backend": dense[n]["backend"], **{key: {DENSE: dense[n][key]} for key in passes}}
-        runcell(torch, table, row, mask, tensors, passes)
+        runcell(torch, table, row, mask, tensors, passes, args.rounds)
         rows.append(row)
         print(f"[{number}/{len(grid)}] {name} n={n} B={B} density {row['density']:.3f}: {_progress(row, table)}",
               flush=True)
@@ -214,6 +219,11 @@ def summary(rows: list[dict], key: str, mine: str) -> list[str]:
     if ratios:
         lines.append(f"{mine} vs flex, {PASSES[key]}: geometric mean {geomean(ratios):.2f}x, min {min(ratios):.2f}x, "
                      f"max {max(ratios):.2f}x over {len(ratios)} cells (above 1: {mine} is faster)")
+    # Round r of flex and of yours ran one after the other: their ratio is what one timing of each says.
+    by_round = [f / m for r in rows for f, m in zip(r[key][FLEX].get("rounds", ()), r[key][mine].get("rounds", ()))]
+    if len(by_round) > len(ratios):
+        lines.append(f"  each from the fastest of {len(by_round) // len(ratios)} rounds; "
+                     f"round by round {min(by_round):.2f}x to {max(by_round):.2f}x")
     target = [x for r in rows if (r["mask"], r["n"]) == (TARGET_MASK, TARGET_N)
               and (x := speedup(r, key, mine, DENSE)) is not None]
     if target:

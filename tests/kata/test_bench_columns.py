@@ -270,6 +270,45 @@ def test_the_guard_returns_the_numbers():
     assert common.guarded(torch, forward.NAIVE, lambda: {"ms": 1.5}) == {"ms": 1.5}
 
 
+def scripted_times(monkeypatch, times: dict) -> list:
+    """median_ms answering, for each method's run (a function returning its name), its next time from
+    `times` (name -> list, a time or an error to raise); returns the order the methods were timed in."""
+    order = []
+
+    def median_ms(run):
+        name = run()
+        order.append(name)
+        got = times[name].pop(0)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    monkeypatch.setattr(common, "median_ms", median_ms)
+    return order
+
+
+def ready(name: str) -> dict:
+    return {"run": lambda: name, "flops": 4e9, "mib": 1.0, "err": 1e-3}
+
+
+def test_methods_take_turns_and_keep_their_fastest_round(monkeypatch):
+    """Timed once each, one method's slow spell reads as that method being slower; timed in one order,
+    the second always follows the first's warm-up; the mean or last round would keep the spell."""
+    order = scripted_times(monkeypatch, {"flex": [2.2, 2.0, 2.1], "yours": [1.9, 1.8, 2.5]})
+    out = common.timed(torch, {"flex": ready("flex"), "yours": ready("yours")}, rounds=3)
+    assert order == ["flex", "yours", "yours", "flex", "flex", "yours"]
+    assert out["flex"] == {"ms": 2.0, "tflops": 2.0, "mib": 1.0, "err": 1e-3, "rounds": [2.2, 2.0, 2.1]}
+    assert out["yours"]["ms"] == 1.8 and out["yours"]["rounds"] == [1.9, 1.8, 2.5]
+
+
+def test_a_method_that_cannot_run_in_a_later_round_is_a_note_and_the_others_go_on(monkeypatch):
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+    order = scripted_times(monkeypatch, {"flex": [2.0, oom], "yours": [1.8, 1.7, 1.9]})
+    out = common.timed(torch, {"flex": ready("flex"), "yours": ready("yours"), "dense": {"note": "OOM"}}, rounds=3)
+    assert order == ["flex", "yours", "yours", "flex", "yours"]
+    assert out == {"flex": {"note": "OOM"}, "yours": {"ms": 1.7, "tflops": 4e9 / 1.7 * 1e-9, "mib": 1.0,
+                                                     "err": 1e-3, "rounds": [1.8, 1.7, 1.9]}, "dense": {"note": "OOM"}}
+
+
 def test_a_learners_file_that_does_not_load_stops_the_benchmark_naming_its_column(tmp_path):
     (tmp_path / find("06").filename).write_text("def flash_attention(q, k, v, causal=False):\n    return q +\n")
     with pytest.raises(common.ColumnError, match="column 'yours' failed: SyntaxError"):

@@ -35,6 +35,13 @@ def test_summary_names_the_baseline_and_the_target_cell():
     assert summary(rows(), "train", YOURS) == []  # not started: no ratio, no target line
 
 
+def test_summary_gives_the_range_of_the_rounds_own_ratios():
+    """The fastest round of each hides how far apart one timing of each can fall: the range shows it."""
+    timed = rows()
+    timed[1]["fwd"][YOURS]["rounds"], timed[1]["fwd"][FLEX]["rounds"] = [1.6, 1.5, 2.0], [3.0, 3.3, 3.2]
+    assert summary(timed, "fwd", YOURS)[1] == "  each from the fastest of 3 rounds; round by round 1.60x to 2.20x"
+
+
 def test_report_holds_both_passes_their_notes_and_the_baseline():
     text = report(rows(), YOURS)
     assert "dense causal being SDPA with is_causal=True on every mask\n  (its default backend, cudnn_attention)" in text
