@@ -232,7 +232,7 @@ def case_id(s):
 def _pairs(OUT, MOD: tl.constexpr, window, doc_ids, n_q, n_k, ROWS: tl.constexpr, KEYS: tl.constexpr):
     """OUT (ROWS, KEYS) int8: tile_allowed of MOD over every (query, key) pair at once."""
     rows, keys = tl.arange(0, ROWS), tl.arange(0, KEYS)
-    allowed = given_masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)
+    allowed = given_masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, True)
     tl.store(OUT + rows[:, None] * KEYS + keys[None, :], allowed.to(tl.int8))
 
 
@@ -308,6 +308,16 @@ def test_document_ids_as_a_strided_view(ex, rng):
     """doc_ids kept as passed: the mod indexes doc_ids + i, which a strided view does not hold."""
     check(ex, rng, documents(doc_ids(rng, 50, 4), strided=True), *qkv_do(rng, 1, 1, 50, 50, 16), 16, 16,
           convention="document_mask keeps its ids as int32, contiguous: the kernels index them")
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "documents"])
+def test_sizes_that_are_multiples_of_the_blocks(ex, rng, mask):
+    """RAGGED taken for whether to mask at all: where no end cuts a block (RAGGED False, as at 2k or
+    64k tokens), partial tiles left unmasked. The other tests' sizes are ragged, so there RAGGED is True."""
+    case = {"causal": causal(), "window": window(21), "documents": documents(doc_ids(rng, 96, 5))}[mask]
+    check(ex, rng, case, *qkv_do(rng, 1, 2, 64, 96, 16), 32, 16,
+          convention=f"{WALK}; RAGGED (masks.ragged: does an end cut a block?) decides tile_allowed's bounds, "
+                     "never which tiles are masked")
 
 
 def test_kernel_tiles_of_two_sizes(ex, rng, monkeypatch):

@@ -12,8 +12,8 @@ from kata.given import masks, tiles
 
 @triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
-               qk_scale, window, doc_ids, MOD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-               HEAD_DIM: tl.constexpr):
+               qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one
     query tile, BLOCK_N keys at a time. Returns acc, l, m (m in base-2 units)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -26,7 +26,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if e >= unmasked:
-            allowed = masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids)
+            allowed = masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED)
             s += tl.where(allowed, 0.0, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         empty = m_new == float("-inf")  # a row that has seen no key yet: weights 0, its (zero) sums kept

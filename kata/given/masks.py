@@ -12,8 +12,8 @@ as a constexpr, and the Mask's window and doc_ids as ordinary arguments.
     mask = Mask(sliding_window_mod, window=1024)
     bm = block_mask(mask, n_q, n_k, 128, 128)    # exercise 12's block_mask, on the device
 
-Indices handed to a mod always lie inside the arrays (tile_allowed clamps them), so a mod may
-load doc_ids[q_idx] with no bounds check of its own.
+Indices handed to a mod always lie inside the arrays (tile_allowed clamps them where a tile may
+reach past an end), so a mod may load doc_ids[q_idx] with no bounds check of its own.
 """
 from __future__ import annotations
 
@@ -37,12 +37,26 @@ class Mask:
 
 
 @triton.jit
-def tile_allowed(MOD: tl.constexpr, rows, keys, n_q, n_k, window, doc_ids):
-    """(len(rows), len(keys)) bool: MOD at every pair inside the arrays, False past their ends."""
-    q_idx = tl.minimum(rows, n_q - 1)[:, None]  # the mod's loads stay in bounds
-    kv_idx = tl.minimum(keys, n_k - 1)[None, :]
-    inside = (rows < n_q)[:, None] & (keys < n_k)[None, :]
-    return inside & MOD(q_idx, kv_idx, window, doc_ids)
+def tile_allowed(MOD: tl.constexpr, rows, keys, n_q, n_k, window, doc_ids, RAGGED: tl.constexpr):
+    """(len(rows), len(keys)) bool: MOD at every pair inside the arrays, False past their ends.
+
+    RAGGED False promises that every row and key lies inside the arrays (n_q and n_k multiples of
+    the blocks, so that no tile reaches past an end): the bounds are then left out. They cost as much
+    as a mask per pair (a compare and a select each), so a masked tile with them pays twice."""
+    if RAGGED:
+        q_idx = tl.minimum(rows, n_q - 1)[:, None]  # the mod's loads stay in bounds
+        kv_idx = tl.minimum(keys, n_k - 1)[None, :]
+        inside = (rows < n_q)[:, None] & (keys < n_k)[None, :]
+        allowed = inside & MOD(q_idx, kv_idx, window, doc_ids)
+    else:
+        allowed = MOD(rows[:, None], keys[None, :], window, doc_ids)
+    return allowed
+
+
+def ragged(block_mask: BlockMask) -> bool:
+    """Whether an array's end cuts a block of `block_mask` (n_q or n_k not a multiple of its block):
+    the kernels' RAGGED, under which tile_allowed checks the bounds."""
+    return block_mask.n_q % block_mask.block_q != 0 or block_mask.n_k % block_mask.block_k != 0
 
 
 @triton.jit
@@ -62,7 +76,7 @@ def _classify(KIND, MOD: tl.constexpr, window, doc_ids, n_q, n_k, t_c,
     j0 = tl.program_id(1) * TILES
     rows = i * BLOCK_Q + tl.arange(0, BLOCK_Q)
     keys = j0 * BLOCK_K + tl.arange(0, TILES * BLOCK_K)
-    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids).to(tl.int32)
+    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, True).to(tl.int32)  # tiles past the end
     some = tl.sum(tl.sum(tl.reshape(allowed, (BLOCK_Q, TILES, BLOCK_K)), 2), 0)  # allowed pairs per tile
     cols = j0 + tl.arange(0, TILES)
     # the pairs inside the arrays, per tile: its rows below n_q times its keys below n_k
