@@ -488,11 +488,14 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
 def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
     """A module global read inside @triton.jit, tl.dot of float32 P by float16 dO, a mask mod the
     compiler refuses: the interpreter runs them, a GPU refuses. The kernels compile with the
-    document mask; the window's mod compiles inside block_mask's small kernel, which runs it too."""
-    inputs = tuple(qkv_do(rng, 1, 1, 17, 20, 40, dtype=torch.float16))
-    mask, bm, *_ = build(ex, documents(doc_ids(rng, 20, 3)), 17, 20, 16, 16)
-    check_compiles_for_gpus(partial(run, ex, *inputs, bm, mask),
-                            lambda: ex.block_mask(ex.sliding_window(7), 17, 20, 16, 16))
+    document mask, at a ragged size and at one where RAGGED is False (tile_allowed without its
+    bounds); the window's mod compiles inside block_mask's small kernel, which runs it too."""
+    runs = []
+    for n_q, n_k in ((17, 20), (32, 32)):
+        inputs = tuple(qkv_do(rng, 1, 1, n_q, n_k, 40, dtype=torch.float16))
+        mask, bm, *_ = build(ex, documents(doc_ids(rng, n_k, 3)), n_q, n_k, 16, 16)
+        runs.append(partial(run, ex, *inputs, bm, mask))
+    check_compiles_for_gpus(*runs, lambda: ex.block_mask(ex.sliding_window(7), 17, 20, 16, 16))
 
 
 # ---- what the wrapper refuses (given) ------------------------------------------------------------
