@@ -28,7 +28,8 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
     tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
 
     As 06's attn_tiles, with the keys taken from the lists. A masked tile lets tile_allowed decide
-    which scores stay (the mask and the arrays' ends). Returns acc, l, m (m in base-2 units).
+    which scores stay (the mask and, where RAGGED, the arrays' ends). Returns acc, l, m (m in base-2
+    units).
     """
     offs_n = tl.arange(0, BLOCK_N)
     per_block = BLOCK_K // BLOCK_N

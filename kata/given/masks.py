@@ -41,8 +41,8 @@ def tile_allowed(MOD: tl.constexpr, rows, keys, n_q, n_k, window, doc_ids, RAGGE
     """(len(rows), len(keys)) bool: MOD at every pair inside the arrays, False past their ends.
 
     RAGGED False promises that every row and key lies inside the arrays (n_q and n_k multiples of
-    the blocks, so that no tile reaches past an end): the bounds are then left out. They cost as much
-    as a mask per pair (a compare and a select each), so a masked tile with them pays twice."""
+    the blocks, so that no tile reaches past an end): the bounds are then left out. Per pair they cost
+    about as much as a window's own test (selects and compares; the clamps once a row and a key)."""
     if RAGGED:
         q_idx = tl.minimum(rows, n_q - 1)[:, None]  # the mod's loads stay in bounds
         kv_idx = tl.minimum(keys, n_k - 1)[None, :]
@@ -76,7 +76,7 @@ def _classify(KIND, MOD: tl.constexpr, window, doc_ids, n_q, n_k, t_c,
     j0 = tl.program_id(1) * TILES
     rows = i * BLOCK_Q + tl.arange(0, BLOCK_Q)
     keys = j0 * BLOCK_K + tl.arange(0, TILES * BLOCK_K)
-    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, True).to(tl.int32)  # tiles past the end
+    allowed = tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, True).to(tl.int32)  # TILES may pass t_c
     some = tl.sum(tl.sum(tl.reshape(allowed, (BLOCK_Q, TILES, BLOCK_K)), 2), 0)  # allowed pairs per tile
     cols = j0 + tl.arange(0, TILES)
     # the pairs inside the arrays, per tile: its rows below n_q times its keys below n_k
