@@ -454,6 +454,12 @@ def programs(n: int, block: int, tile: int) -> int:
     return triton.cdiv(n, block) * (block // tile)
 
 
+def kernel_constants(block_mask, mask: Mask, width: int) -> dict:
+    """The constexprs all three kernels take: the mask's mod, RAGGED, the tiles' width, the blocks."""
+    return dict(MOD=mask.mod, RAGGED=masks.ragged(block_mask), HEAD_DIM=width, BLOCK_Q=block_mask.block_q,
+                BLOCK_K=block_mask.block_k)
+
+
 class BlockSparseAttention(torch.autograd.Function):
     """o = softmax(scale · q kᵀ under the mask) v over the listed tiles; the backward recomputes P."""
 
@@ -470,9 +476,8 @@ class BlockSparseAttention(torch.autograd.Function):
         _sparse_fwd[(programs(n_q, bm.block_q, block_m) * B * H,)](
             bm.kv_order, tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n), o,
             lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids,
-            scale * LOG2E, *o.stride()[:3], lse.stride(1), H, n_q, n_k, bm.kv_indices.shape[1], MOD=mask.mod,
-            RAGGED=masks.ragged(bm), HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k, BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+            scale * LOG2E, *o.stride()[:3], lse.stride(1), H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **kernel_constants(bm, mask, width))
         ctx.save_for_backward(q, k, v, o, stats)
         ctx.bm, ctx.mask, ctx.scale, ctx.head_dim = bm, mask, scale, head_dim
         return o[..., :head_dim]
@@ -486,7 +491,7 @@ class BlockSparseAttention(torch.autograd.Function):
         lse, delta = stats[:, :, 0], stats[:, :, 1]  # D: made by the dQ kernel, read by dK, dV's
         sizes = kernel_tiles(bm, width, q.element_size())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        common = dict(MOD=mask.mod, RAGGED=masks.ragged(bm), HEAD_DIM=width, BLOCK_Q=bm.block_q, BLOCK_K=bm.block_k)
+        common = kernel_constants(bm, mask, width)
 
         def inputs(block_m, block_n):  # Q and dO walked or held BLOCK_M rows at a time, K and V BLOCK_N
             return (tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n),
