@@ -43,7 +43,7 @@ def name(q, k, causal=False, scale=None) -> str:
     return f"flash_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}{extra}).backward(do)"
 
 
-def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_convention=""):
+def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_convention="", tol=None):
     """Run forward and backward, check the inputs are unmodified, then o, dq, dk, dv against the oracle."""
     __tracebackhide__ = True
     before = [t.clone() for t in (q, k, v, do)]
@@ -52,7 +52,7 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
         assert_unmodified(as_numpy(t0), as_numpy(t), label)
     what = name(q, k, causal, scale)
     o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, scale=scale)
-    tol = tolerance(q.dtype, BACKWARD_TOL)
+    tol = tol or tolerance(q.dtype, BACKWARD_TOL)
     low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
     baseline = attention_grads(q, k, v, do, causal=causal, scale=scale, dtype=q.dtype) if low else None
     if baseline:
@@ -125,7 +125,9 @@ def test_large_scores_do_not_overflow(ex, rng):
     # so do dP = dO Vᵀ, whose difference with D is tiny where one key takes all the weight.
     q, k = ((randn(rng, 1, 2, n, 16) * 12 * 8).round().clamp(-2040, 2040) / 8 for n in (30, 45))
     v, do = ((randn(rng, 1, 2, n, 16) * 8).round() / 8 for n in (45, 30))
-    check(ex, q, k, v, do, causal=True,
+    # Scores here reach the hundreds, where float32 steps by about 3e-5: rebuilding P from them moves
+    # the gradients by up to about 5e-5 of their size (800 seeds), over the interpreter's usual 2e-5.
+    check(ex, q, k, v, do, causal=True, tol=1e-4,
           convention="P = exp2(S·scale·log2(e) − lse·log2(e)): lse is the natural log")
 
 
