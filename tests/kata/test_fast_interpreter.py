@@ -12,16 +12,25 @@ def run_apart(script: str) -> None:
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
-OVERFLOWING_KERNEL = """
+# Triton loaded for the interpreter, the fast interpreter imported but not yet installed: set here,
+# not by triton_helpers, which leaves Triton compiled on a machine with a GPU.
+INTERPRETER_NOT_INSTALLED = """
+import os
 import sys
+os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, "tests")
-import triton_helpers  # noqa: F401  (sets TRITON_INTERPRET=1 and installs the fast interpreter)
+from triton.language import core
+import fast_interpreter
+"""
+
+OVERFLOWING_KERNEL = INTERPRETER_NOT_INSTALLED + """
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 from triton.runtime import interpreter
 
+fast_interpreter.install()
 options = interpreter.interpreter_builder.options
 assert not options.debug and not options.sanitize_overflow, options
 
@@ -45,16 +54,6 @@ def test_overflow_checks_are_dropped_only_where_no_assertion_could_fire_and_ints
     # nothing; without it, int32 arithmetic must still wrap exactly as before.
     run_apart(OVERFLOWING_KERNEL)
 
-
-# Triton loaded for the interpreter, the fast interpreter imported but not yet installed.
-INTERPRETER_NOT_INSTALLED = """
-import os
-import sys
-os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, "tests")
-from triton.language import core
-import fast_interpreter
-"""
 
 # A block type and a tensor of each shape, described by every attribute the interpreter reads,
 # made by Triton's own constructors and then by the fast interpreter's; errors are described too.
