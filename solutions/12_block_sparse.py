@@ -30,7 +30,9 @@ Worked example
     causal, n_q = n_k = 4, block_q = block_k = 2: tile (0, 0) partial, (0, 1) empty, (1, 0)
     full, (1, 1) partial. kv_num_blocks = [1, 1], kv_indices[:, 0] = [0, 1]; full_kv_num_blocks
     = [0, 1], full_kv_indices[1, 0] = 0. Transposed: q_num_blocks = [1, 1], q_indices[:, 0] =
-    [0, 1], full_q_num_blocks = [1, 0], full_q_indices[0, 0] = 1. density = 3/4.
+    [0, 1], full_q_num_blocks = [1, 0], full_q_indices[0, 0] = 1. density = 3/4. Its IO at d = 2:
+    query block 0 lists 2 key rows, block 1 lists 4, so reads = Q's 8 + K and V's 2·2·(2 + 4) =
+    32 and writes = O's 8 + L's 4 = 12 (dense would read 8 + 2·2·(4 + 4) = 40).
 """
 from typing import Callable
 
@@ -109,8 +111,9 @@ def or_masks(*mods: MaskMod) -> MaskMod:
 
 
 def block_lists(listed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`listed (rows, cols)` bool -> (num_blocks (rows,), indices (rows, cols)): per row, how many
-    columns are listed, and which, ascending, at the start of its row of indices."""
+    """`listed (rows, cols)` bool -> (counts (rows,), indices (rows, cols)), both int arrays: per
+    row, how many columns are listed, and which, ascending, at the start of its row of indices. The
+    grader's 64k table calls it too."""
     # TODO: count each row; write its listed columns, in order, at the start of its row.
     # BEGIN SOLUTION
     counts = listed.sum(axis=1).astype(np.int32)
@@ -124,8 +127,10 @@ def block_lists(listed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def block_mask(mask_mod: MaskMod, n_q: int, n_k: int, block_q: int, block_k: int) -> BlockMask:
     """Classify every tile as empty, partial or full, asking mask_mod about one tile at a time;
     return the lists in FlexAttention's layout, forward and transposed."""
-    # TODO: a (T_r, T_c) bool grid each for partial and full tiles, filled tile by tile
-    #       (never an n_q x n_k array); then block_lists of both, and of their transposes.
+    # TODO: a (T_r, T_c) bool grid each for partial and full tiles (num_blocks), filled tile by
+    #       tile with tile_mask over block_slice rows and columns (never an n_q x n_k array); then
+    #       BlockMask(n_q, n_k, block_q, block_k, ...) with block_lists of the partial grid, the
+    #       full grid, and their transposes, in that order.
     # BEGIN SOLUTION
     t_r, t_c = num_blocks(n_q, block_q), num_blocks(n_k, block_k)
     partial, full = np.zeros((t_r, t_c), bool), np.zeros((t_r, t_c), bool)
@@ -140,9 +145,9 @@ def block_mask(mask_mod: MaskMod, n_q: int, n_k: int, block_q: int, block_k: int
 
 
 def kv_blocks(block_mask: BlockMask, i: int) -> list[tuple[int, bool]]:
-    """Query block i's key blocks as (j, masked): its full blocks (masked False) and its partial
-    blocks (masked True), each ascending; j a Python int. Either kind may come first: the running
-    softmax gives the same answer."""
+    """Query block i's key blocks as (j, masked): its full blocks (masked False), then its partial
+    blocks (masked True), each ascending, as FlexAttention walks them; j a Python int. The other
+    order is as right: the running softmax gives the same answer, up to rounding."""
     # TODO: read each list only up to its count.
     # BEGIN SOLUTION
     full = block_mask.full_kv_indices[i, :block_mask.full_kv_num_blocks[i]]
@@ -176,6 +181,7 @@ def block_sparse_flash(hbm: HBM, block_mask: BlockMask, mask_mod: MaskMod, scale
     read Q once, the K and V rows of each listed tile, then write its rows of O (n, d) and L (n,)."""
     # TODO: as block_sparse_attention, with every value read through hbm.read inside on-chip
     #       blocks (one query block, one key tile at a time), O and L written once per query block.
+    #       Every query block reads its Q, even one that lists no tile (o = 0, L = -inf there).
     # BEGIN SOLUTION
     n, _ = hbm.shape("Q")
     for i in range(num_blocks(n, block_mask.block_q)):
@@ -195,7 +201,8 @@ def block_sparse_flash(hbm: HBM, block_mask: BlockMask, mask_mod: MaskMod, scale
 
 
 def block_sparse_io(n: int, d: int, block_q: int, block_k: int, block_mask: BlockMask) -> tuple[int, int]:
-    """(reads, writes) in elements of block_sparse_flash on Q, K, V (n, d): Python ints."""
+    """(reads, writes) in elements of block_sparse_flash on Q, K, V (n, d): Python ints. block_q and
+    block_k are block_mask's."""
     # TODO: Q once; the K and V rows of every listed tile (the last key block may be short);
     #       O and L once.
     # BEGIN SOLUTION

@@ -159,6 +159,24 @@ def test_block_mask_matches_brute_force(ex, rng, mask, shape):
     check_block_mask(ex.block_mask(mod, *shape), dense(mod, *shape[:2]), *shape[2:], mask)
 
 
+def test_block_lists(ex, rng):
+    """block_lists written into block_mask and left undone (the grader's 64k table calls it), float
+    counts, a row's columns out of order or not at its start, the count of another row. The grid has
+    an empty row and a full one."""
+    listed = rng.random((5, 7)) < 0.4
+    listed[1], listed[3] = False, True
+    counts, indices = (np.asarray(a) for a in ex.block_lists(listed))
+    for name, a, shape in (("counts", counts, (5,)), ("indices", indices, (5, 7))):
+        assert a.shape == shape and a.dtype.kind in "iu", (
+            f"block_lists(a (5, 7) bool grid): {name}: expected integers of shape {shape}, got {a.dtype} {a.shape}")
+    for row in range(5):
+        got, want = indices[row, :counts[row]].tolist(), np.flatnonzero(listed[row]).tolist()
+        assert got == want, (f"block_lists(a (5, 7) bool grid): row {row} {listed[row].astype(int).tolist()}: "
+                             f"indices[{row}, :counts[{row}]] = {got}, expected {want}\n"
+                             f"  convention: per row, the count of listed columns, and those columns ascending "
+                             f"at the start of its row of indices")
+
+
 def test_worked_example(ex):
     """The lesson's example: causal 4 x 4 in 2 x 2 tiles, and its density 3/4."""
     bm = ex.block_mask(ex.causal, 4, 4, 2, 2)
