@@ -4,10 +4,10 @@ The idea
     Exercise 12 walked a block mask in NumPy; here the same walk runs in Triton, forward and
     backward, so a model trains with a sliding window or packed documents at a cost in proportion
     to the tiles it keeps. The only change from 06 and 09 is which tiles a program visits and where
-    the mask applies: a program reads its block's lists (kata/given/block_mask.py's layout) and,
-    for each listed block, folds its tiles as 06 and 09 do, the full blocks with no mask and the
-    partial blocks with it (either kind first: the running softmax gives the same answer). Empty
-    blocks are never named, so never read.
+    the mask applies: a program reads its block's lists (kata/given/block_mask.py's layout) and
+    folds each listed block's tiles as 06 and 09 do, the full blocks with no mask and the partial
+    blocks with it (here the full ones first, so that the masked tiles end the walk; the other
+    order gives the same answer). Empty blocks are never named, so never read.
 
 The mask (kata/given/masks.py)
     A Mask holds a @triton.jit mod(q_idx, kv_idx, window, doc_ids) -> bool, 12's mask_mod for a
@@ -15,16 +15,6 @@ The mask (kata/given/masks.py)
     into them) and evaluate it with masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids,
     RAGGED), which, under RAGGED, is also False past the arrays' ends. block_mask(mask, n_q, n_k,
     block_q, block_k) is 12's, solved, on the device: int32 lists.
-
-Bounds only where an end cuts a block
-    The bounds, rows < n_q and keys < n_k, cost selects and compares per pair, about as much as a
-    window's own test. Where n_q and n_k are multiples of the blocks no tile reaches past an end
-    (tiles divide blocks), so the wrapper (given) passes the kernels RAGGED = False and tile_allowed
-    leaves the bounds out, as FlexAttention does unless it must check a block boundary; pass RAGGED
-    on to tile_allowed. RAGGED decides the bounds, never whether a partial tile is masked. Advice,
-    for speed: compiled for an H200, the forward's mask of a window falls from 518 to 352
-    instructions a thread per masked tile, and at n = 16k, window 1k, the forward takes 1.39 ms
-    without the bounds, 1.43 ms with them.
 
 The walk (per program; T_c key blocks, T_r query blocks)
     forward, one program per BLOCK_M rows of query block i, one loop over
@@ -34,56 +24,49 @@ The walk (per program; T_c key blocks, T_r query blocks)
     q_indices[j] (the transposed lists). dQ, one program per BLOCK_M rows: the forward's lists.
     The dQ kernel runs first: it also makes D = rowsum(dO ∘ O) from the O and dO rows it holds
     (09 gave D a kernel of its own), which the dK, dV kernel then reads.
-    A masked tile applies the mask through tile_allowed. A full block cut by the array's end (the
-    last block, when n is not a multiple of the block size: only the last of its list, since lists
-    ascend) is masked too: the rows or keys past the end must weigh 0.
-
-One loop a program
-    The full list and then the partial list are one walk of tiles, t = 0, 1, ...: the mask applies
-    from the first masked tile on (a runtime `if`, the same for every row of the tile). One loop,
-    not one per list, because the compiler overlaps the loads of a loop's coming trips only within
-    that loop: each loop fills and drains its own pipeline, which costs most where lists are short.
-    Advice, for speed (the tests cannot see it): read the next tile's start at the end of each trip,
-    not at its top. The compiler fetches K and V tiles ahead only when their address is known a trip
-    early (an H200's forward, causal at n = 16k: 10.3 ms with the start read in the same trip, 9.1 ms
-    with it read a trip ahead).
-
-Programs longest list first
-    A program finds its block in the block mask's order (kv_order for the forward and dQ, q_order
-    for dK, dV: the blocks by list length, longest first), not by its number. The GPU runs as many
-    programs at once as fit and starts the next as one ends, so whatever starts last sets the
-    kernel's end: started last, the short lists leave no long program running alone. Advice, for
-    speed (any order gives the same answer): on an H200, documents at n = 64k, the forward, dK, dV
-    and dQ kernels take 12.9 ms together in block order, 12.4 in this one (the profiler's times).
-    Under a causal mask it is the order 06 and 09 chose by hand: the last query blocks, and key
-    block 0, first.
-
-Tiles within blocks
+    The masked tiles end the walk: the partial blocks, and before them a full block that the
+    end of the walked axis cuts (n_k in the forward and dQ, n_q in dK, dV), whose keys or rows past
+    the end must weigh 0; lists ascend, so only a list's last full block can be cut
+    (masks.ends_ragged). A program's own rows or keys past the end need only the stores' mask.
     A program's tiles may be smaller than the mask's blocks: BLOCK_M divides block_q and BLOCK_N
-    divides block_k (so that 128-wide blocks can run as 64-wide tiles, which fit the registers).
-    A listed block is then walked as block / BLOCK tiles in a row.
+    divides block_k, and a listed block is then walked as block / BLOCK tiles in a row.
 
-Tiles through descriptors
-    The wrapper hands the kernels Q, K, V and dO as tensor descriptors (kata/given/tiles.py), and a
-    kernel loads a tile by its first row: tiles.load_tile(desc, b, h, start, ROWS, HEAD_DIM). Rows
-    past the end read as zeros, so no tile load needs a bounds mask; the stores do. On an H200 this
-    is a TMA copy: no pointer per element in registers, which the pointer kernels of 06 and 09 spill
-    here (forward, causal at n = 16k: 8.6 ms, against 9.1 with pointers).
-    lse and D lie side by side in one (B, H, 2, n) tensor, so that dK, dV reads both for its tile
-    of rows with one copy, lse, d = tiles.load_stats(desc, b, h, start, ROWS) (rows past the end
-    read as zeros); the forward and dQ write them with pointer stores, rows (b·H + h)·stride_lse
-    apart. On an H200, lse and D read by descriptor make dK, dV 4–9% faster than pointer loads on
-    the short lists of windows and documents; read apart, in copies of 16 rows (64 bytes), they
-    fault there.
+Bounds only where an end cuts a block
+    Where n_q and n_k are multiples of the blocks no tile reaches past an end, so the wrapper
+    (given) passes the kernels RAGGED = False and tile_allowed leaves out the bounds, rows < n_q
+    and keys < n_k, which cost about as many selects and compares per pair as a window's own test
+    (FlexAttention leaves them out too, unless it must check a block boundary). Pass RAGGED on to
+    tile_allowed as it is: it decides the bounds, never whether a tile is masked. On an H200 the
+    forward's masked tile of a window falls from 518 to 352 instructions a thread, and the forward,
+    window 1k at n = 16k, from 1.43 to 1.39 ms.
 
-The backward's running sums last
-    Advice, for speed: in each trip of the backward, compute the products that are not running
-    sums first, S = q kᵀ and dP = dO vᵀ, and the sums (dV += Pᵀ dO, dK += dSᵀ q, dQ += dS k) last.
-    Compiled for Hopper, Triton waits for a product that is not a running sum as soon as it is
-    issued, and that wait takes every product still in flight; a running sum it leaves running
-    into the next trip. In 09's order, dV before dP, the wait for dP holds the trip until dV is
-    done too; with dP first, dV and dK run on while the next trip reads its start and waits for
-    its tiles (an H200, causal at n = 16k: the backward 27.7 ms in 09's order, 25.7 ms this way).
+Tiles through descriptors (kata/given/tiles.py)
+    The wrapper hands the kernels Q, K, V, dO and O as tensor descriptors, and a kernel loads a
+    tile by its first row: tiles.load_tile(desc, b, h, start, ROWS, HEAD_DIM). Rows past the end
+    read as zeros, so no tile load needs a bounds mask; the stores do. (An H200 copies such a tile
+    by TMA, with no pointer per element in registers: the forward, causal at n = 16k, 8.6 ms
+    against 9.1 with pointers.) lse and D lie side by side in one (B, H, 2, n) float32 tensor: the
+    forward and dQ store them with pointers, rows (b·H + h)·stride_lse apart, and dK, dV reads both
+    for its rows with one copy, lse, d = tiles.load_stats(desc, b, h, start, ROWS).
+
+Advice, for speed (the tests cannot see it: each way gives the same answer)
+    - One loop a program, over the full list and then the partial one, the mask turned on by a
+      runtime `if` from the first masked tile: the compiler overlaps the loads of a loop's coming
+      trips only within that loop, and each loop fills and drains its own pipeline, which costs
+      most where lists are short.
+    - Read the next tile's start at the end of each trip, not at its top: K and V tiles are fetched
+      ahead only when their address is known a trip early (an H200's forward, causal at n = 16k:
+      10.3 ms with the start read in the same trip, 9.1 ms with it read a trip ahead).
+    - Programs longest list first: a program takes its block from the block mask's order (kv_order
+      for the forward and dQ, q_order for dK, dV: the blocks by list length), not from its number.
+      The GPU starts the next program as one ends, so the short lists, started last, leave no long
+      one running alone at the end (documents at n = 64k, the three kernels: 12.9 to 12.4 ms).
+      Under a causal mask it is the order 06 and 09 chose by hand.
+    - In the backward, the products that are not running sums first, S = q kᵀ and dP = dO vᵀ, and
+      the sums (dV += Pᵀ dO, dK += dSᵀ q, dQ += dS k) last. Compiled for Hopper, Triton waits for a
+      product that is not a running sum as soon as it is issued, and that wait takes every product
+      in flight, but it leaves a running sum running into the next trip (an H200, causal at
+      n = 16k: the dK, dV and dQ kernels 27.7 ms in 09's order, 24.8 ms this way).
 
 Fully masked rows
     Under a partial tile a row may see no key at all (a window past the keys' end, n_q > n_k): its
@@ -103,8 +86,10 @@ Conventions
     mask for every (batch, head), built for these n_q and n_k. o in q's dtype; gradients in their
     inputs' dtypes; the backward's sums and D = rowsum(dO ∘ O) in float32.
     Without a GPU, TRITON_INTERPRET=1 runs the kernels on the CPU (float32, float16) with blocks of
-    16 and 32; the tests also compile them for Ampere and Hopper. The GPU stage runs bfloat16,
-    128-wide blocks, thousands of tokens and a training run.
+    16 and 32; the tests also compile them for Ampere and Hopper. The GPU stage adds bfloat16
+    (it runs all three dtypes), 128-wide blocks, thousands of tokens and a training run. Inside a
+    kernel write log2 e as the number 1.4426950408889634: LOG2E is a module global, which compiled
+    Triton refuses (the wrapper passes qk_scale = scale · LOG2E).
 
 Given (kata/given/)
     masks.py    Mask, tile_allowed, block_mask (its lists and their order), ragged (does an end cut a
@@ -149,7 +134,8 @@ def sliding_window_mod(q_idx, kv_idx, window, doc_ids):
 
 def sliding_window(window: int) -> Mask:
     """The mask of sliding_window_mod with this window (at least 1)."""
-    # TODO: a Mask of sliding_window_mod carrying the window.
+    # TODO: a ValueError naming the window when it is below 1; else a Mask of sliding_window_mod
+    #       carrying the window.
     # BEGIN SOLUTION
     if window < 1:
         raise ValueError(f"window = {window}: a query sees at least itself, so the window is at least 1")
@@ -263,7 +249,7 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
     """
     # TODO: find this program's rows (_program_tile, ORDER being kv_order); load Q once
     #       (tiles.load_tile from q_desc); fold its full blocks, then its partial ones, all but a
-    #       ragged last full block unmasked; write o = acc / l (l = 0 gives o = 0) and
+    #       last full block the keys' end cuts unmasked; write o = acc / l (l = 0 gives o = 0) and
     #       lse = (m + log2 l) · ln 2.
     # BEGIN SOLUTION
     bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
@@ -301,7 +287,8 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
     # TODO: one loop over every tile of the walk, BLOCK_Q // BLOCK_M per block, their starts read a
     #       trip ahead (as in _fwd_tiles); load Q, dO, then lse and D (tiles.load_stats); Sᵀ = k qᵀ
     #       and dPᵀ = v dOᵀ first (the sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse ·
-    #       log2 e), from tile unmasked · per_block on 0 where tile_allowed(..., RAGGED) says no;
+    #       log2 e), from tile unmasked · per_block on 0 where tl.trans(tile_allowed(..., RAGGED))
+    #       says no (its tile is rows x keys, Pᵀ keys x rows);
     #       dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q.
     # BEGIN SOLUTION
     offs_m = tl.arange(0, BLOCK_M)
@@ -335,7 +322,7 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
     (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
     # TODO: find this program's keys (_program_tile with q_order, key blocks of BLOCK_K); load K and
     #       V once (tiles.load_tile); walk key block j's full query blocks, then its partial ones,
-    #       all but a ragged last full block unmasked; store dk·scale and dv.
+    #       all but a last full block the queries' end cuts unmasked; store dk·scale and dv.
     # BEGIN SOLUTION
     bh, j, tile = _program_tile(ORDER, n_k, BLOCK_K, BLOCK_N)
     b = bh // H
@@ -430,7 +417,7 @@ def kernel_tiles(block_mask, width: int, itemsize: int) -> dict:
     element size. On an H200 in bfloat16 at D = 128 with blocks of 128 (ms at n = 16k, causal,
     measured with pointer loads, before the descriptors, 09's D kernel and the programs' order;
     docs/benchmark.md, steps 2 and 8),
-    whole blocks win the forward (128 x 128 at 3 stages: 9.0, against 9.6 for 128 x 64), dK, dV
+    whole blocks win the forward (128 x 128 at 3 stages: 9.1, against 9.4 for 128 x 64 at 4), dK, dV
     walks query tiles of 64 at 3 stages (with 4 warps they take twice as long), and dQ walks key
     tiles of 64 at 3 stages (the whole backward 28.2, against 29.7 for whole blocks at 2 stages;
     window 1k, documents and window 4k at 64k: 4.91, 10.81, 15.04 against 5.18, 11.50, 15.37).

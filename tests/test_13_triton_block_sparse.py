@@ -452,11 +452,13 @@ def tiles_to_mask(ex, bm, partial, full, kernel):
 
 
 @interpreted_only
-@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(52, 40, 16, 32), (70, 45, 32, 16)])
+@pytest.mark.parametrize("n_q, n_k, block_q, block_k", [(52, 40, 16, 32), (70, 45, 32, 16), (64, 48, 32, 16)])
 def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, n_q, n_k, block_q, block_k):
     """Every tile masked (the answers come out right, but each full tile pays for a mask it does not
     need), a partial tile or a full one cut by the end left unmasked, a tile masked twice; the mask
-    begun at a count of blocks where tiles are narrower than blocks.
+    begun at a count of blocks where tiles are narrower than blocks; RAGGED not passed on as it is
+    (True where no end cuts a block, as at 64 x 48: right answers, every masked tile paying for the
+    bounds).
 
     masks.tile_allowed is wrapped, and each kernel's launches named (tests/triton_helpers.py,
     record_by_launch), while the interpreter runs the kernels as Python; each call is put down to its
@@ -471,7 +473,14 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
     run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), bm, mask)
     what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks {block_q} x {block_k})"
     assert_called(what, {f"masks.tile_allowed in {KERNELS[k][0]} ({k})": calls for k, calls in masked.items()}, STAGES)
+    ragged = given_masks.ragged(bm)
     for kernel, calls in masked.items():
+        passed = sorted({bool(c["RAGGED"]) for c in calls})
+        assert passed == [ragged], (
+            f"{what}: {KERNELS[kernel][0]} ({kernel}) called masks.tile_allowed with RAGGED = "
+            f"{' and '.join(map(str, passed))}, expected {ragged}\n  convention: pass the kernel's RAGGED on to "
+            f"tile_allowed as it is (masks.ragged: does an end cut a block?); False leaves the bounds out of "
+            f"every masked tile")
         tiles = ((int(np.min(c["rows"])), int(np.min(c["keys"]))) for c in calls)
         got = Counter((r0, c0) for r0, c0 in tiles if r0 < n_q and c0 < n_k)
         want = Counter(tiles_to_mask(ex, bm, partial, full, kernel))
