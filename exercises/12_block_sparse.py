@@ -32,7 +32,7 @@ Worked example
     = [0, 1], full_kv_indices[1, 0] = 0. Transposed: q_num_blocks = [1, 1], q_indices[:, 0] =
     [0, 1], full_q_num_blocks = [1, 0], full_q_indices[0, 0] = 1. density = 3/4. Its IO at d = 2:
     query block 0 lists 2 key rows, block 1 lists 4, so reads = Q's 8 + K and V's 2·2·(2 + 4) =
-    32 and writes = O's 8 + L's 4 = 12 (dense would read 8 + 2·2·(4 + 4) = 40).
+    8 + 24 = 32 and writes = O's 8 + L's 4 = 12 (dense would read 8 + 2·2·(4 + 4) = 40).
 """
 from typing import Callable
 
@@ -106,8 +106,8 @@ def block_mask(mask_mod: MaskMod, n_q: int, n_k: int, block_q: int, block_k: int
 
 def kv_blocks(block_mask: BlockMask, i: int) -> list[tuple[int, bool]]:
     """Query block i's key blocks as (j, masked): its full blocks (masked False), then its partial
-    blocks (masked True), each ascending, as FlexAttention walks them; j a Python int. The other
-    order is as right: the running softmax gives the same answer, up to rounding."""
+    blocks (masked True), each ascending, the order of 13's kernels; j a Python int. The other order
+    (FlexAttention's) is as right: the running softmax gives the same answer, up to rounding."""
     # TODO: read each list only up to its count.
     raise NotImplementedError("kv_blocks: replace this line with your code")
 

@@ -165,10 +165,11 @@ def test_block_lists(ex, rng):
     an empty row and a full one."""
     listed = rng.random((5, 7)) < 0.4
     listed[1], listed[3] = False, True
-    counts, indices = (np.asarray(a) for a in ex.block_lists(listed))
+    counts, indices = ex.block_lists(listed)
     for name, a, shape in (("counts", counts, (5,)), ("indices", indices, (5, 7))):
-        assert a.shape == shape and a.dtype.kind in "iu", (
-            f"block_lists(a (5, 7) bool grid): {name}: expected integers of shape {shape}, got {a.dtype} {a.shape}")
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        assert isinstance(a, np.ndarray) and a.shape == shape and a.dtype.kind in "iu", (
+            f"block_lists(a (5, 7) bool grid): {name}: expected a NumPy int array of shape {shape}, got {got}")
     for row in range(5):
         got, want = indices[row, :counts[row]].tolist(), np.flatnonzero(listed[row]).tolist()
         assert got == want, (f"block_lists(a (5, 7) bool grid): row {row} {listed[row].astype(int).tolist()}: "
@@ -178,10 +179,12 @@ def test_block_lists(ex, rng):
 
 
 def test_worked_example(ex):
-    """The lesson's example: causal 4 x 4 in 2 x 2 tiles, and its density 3/4."""
+    """The lesson's example: causal 4 x 4 in 2 x 2 tiles, its density 3/4 and its IO at d = 2."""
     bm = ex.block_mask(ex.causal, 4, 4, 2, 2)
     check_block_mask(bm, np.tri(4, dtype=bool), 2, 2, "causal")
     assert ex.density(bm) == 0.75, f"density(causal 4 x 4, blocks 2): expected 3/4, got {ex.density(bm)}"
+    io = tuple(ex.block_sparse_io(4, 2, 2, 2, bm))
+    assert io == (32, 12), f"block_sparse_io(4, 2, 2, 2, causal 4 x 4): expected (32, 12), got {io}\n  convention: {FLASH_MOVES}"
 
 
 def test_block_mask_asks_one_tile_at_a_time(ex):

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime import interpreter
 
+assert interpreter.interpreter_builder.options.sanitize_overflow  # Triton's default: the check to drop
 fast_interpreter.install()
 options = interpreter.interpreter_builder.options
 assert not options.debug and not options.sanitize_overflow, options
