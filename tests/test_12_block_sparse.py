@@ -129,6 +129,22 @@ def test_and_or_masks(ex, rng):
 
 # ---- block_mask ---------------------------------------------------------------------------------
 
+def check_lists(what, got, want, names, per, convention):
+    """One (counts, indices) pair against the oracle's: integer arrays of its shapes, and each row's
+    indices up to its count (what lies past a count is not looked at). names: the pair's names; per(b)
+    names row b in a message."""
+    __tracebackhide__ = True
+    (g_counts, g_indices), (w_counts, w_indices) = got, want
+    for name, a, w in zip(names, got, want):
+        assert a.shape == w.shape and a.dtype.kind in "iu", (
+            f"{what}.{name}: expected integers of shape {w.shape}, got {a.dtype} {a.shape}")
+    counts, indices = names
+    for b in range(len(w_counts)):
+        got_list, want_list = g_indices[b, :g_counts[b]].tolist(), w_indices[b, :w_counts[b]].tolist()
+        assert got_list == want_list, (f"{what}: {per(b)}: {indices}[{b}, :{counts}[{b}]] = {got_list}, "
+                                       f"expected {want_list}\n  convention: {convention}")
+
+
 def check_block_mask(got, allowed, block_q, block_k, label):
     __tracebackhide__ = True
     want = oracle_mask(allowed, block_q, block_k)
@@ -139,15 +155,9 @@ def check_block_mask(got, allowed, block_q, block_k, label):
     names = [("kv_num_blocks", "kv_indices", "query"), ("full_kv_num_blocks", "full_kv_indices", "query"),
              ("q_num_blocks", "q_indices", "key"), ("full_q_num_blocks", "full_q_indices", "key")]
     for counts, indices, per in names:
-        g_counts, g_indices = np.asarray(getattr(got, counts)), np.asarray(getattr(got, indices))
-        w_counts, w_indices = getattr(want, counts), getattr(want, indices)
-        for name, a, w in ((counts, g_counts, w_counts), (indices, g_indices, w_indices)):
-            assert a.shape == w.shape and a.dtype.kind in "iu", (
-                f"{what}.{name}: expected integers of shape {w.shape}, got {a.dtype} {a.shape}")
-        for b in range(len(w_counts)):
-            got_list, want_list = g_indices[b, :g_counts[b]].tolist(), w_indices[b, :w_counts[b]].tolist()
-            assert got_list == want_list, (f"{what}: {per} block {b}: {indices}[{b}, :{counts}[{b}]] = {got_list}, "
-                                           f"expected {want_list}\n  convention: {LISTS}")
+        check_lists(what, (np.asarray(getattr(got, counts)), np.asarray(getattr(got, indices))),
+                    (getattr(want, counts), getattr(want, indices)), (counts, indices),
+                    lambda b, per=per: f"{per} block {b}", LISTS)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -170,12 +180,9 @@ def test_block_lists(ex, rng):
         got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
         assert isinstance(a, np.ndarray) and a.shape == shape and a.dtype.kind in "iu", (
             f"block_lists(a (5, 7) bool grid): {name}: expected a NumPy int array of shape {shape}, got {got}")
-    for row in range(5):
-        got, want = indices[row, :counts[row]].tolist(), np.flatnonzero(listed[row]).tolist()
-        assert got == want, (f"block_lists(a (5, 7) bool grid): row {row} {listed[row].astype(int).tolist()}: "
-                             f"indices[{row}, :counts[{row}]] = {got}, expected {want}\n"
-                             f"  convention: per row, the count of listed columns, and those columns ascending "
-                             f"at the start of its row of indices")
+    check_lists("block_lists(a (5, 7) bool grid)", (counts, indices), lists(listed, lambda size: np.zeros(size)),
+                ("counts", "indices"), lambda row: f"row {row} {listed[row].astype(int).tolist()}",
+                "per row, the count of listed columns, and those columns ascending at the start of its row of indices")
 
 
 def test_worked_example(ex):
