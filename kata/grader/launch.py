@@ -12,6 +12,7 @@ there, a third of such a process's time.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -25,6 +26,9 @@ from kata.exercises import ROOT
 # What the test processes import, torch the slowest; a missing one is skipped. Autograd imports
 # symbolic_shapes (and with it SymPy, 0.3 s) at the first backward given an output gradient.
 PRELOAD = ["numpy", "pytest", "torch", "torch.fx.experimental.symbolic_shapes"]
+# Environment variables read once, when a library loads: the fork server loads those libraries for
+# every test process, so it starts with the test processes' values of these.
+READ_AT_LOAD = ("OMP_NUM_THREADS",)
 _START = threading.Lock()  # the runner's threads start processes one at a time
 _UP = threading.Event()  # set once the fork server has forked its first process: its imports are done
 
@@ -50,7 +54,7 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
     writer = Connection(os.dup(out), readable=False)  # sent to the forked process with the call
     process = context.Process(target=_pytest_main, args=(args, env, writer), name="kata-pytest")
     try:
-        with _START:
+        with _START, _server_environment(env):
             context.set_forkserver_preload(PRELOAD)  # read when the first start starts the server
             process.start()
     except (EOFError, OSError):  # the server died importing (a broken install): the test process says how
@@ -59,6 +63,21 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
         writer.close()
     _UP.set()
     return Forked(process)
+
+
+@contextlib.contextmanager
+def _server_environment(env: dict[str, str]):
+    """os.environ with `env`'s READ_AT_LOAD values while a start may start the fork server."""
+    saved = {name: os.environ.get(name) for name in READ_AT_LOAD}
+    os.environ.update({name: env[name] for name in READ_AT_LOAD if name in env})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Forked:

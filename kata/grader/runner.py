@@ -25,6 +25,10 @@ from kata.grader.stub import stub_of
 DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage gets GPU_FACTOR times as long
 GPU_FACTOR = 10  # Triton compiles many kernels on a GPU (about 80 s on an H200) or interprets them
 OUTPUT_CAP = 16_000  # characters of pytest's own output kept, for a crash with no other clue
+# A test's tensors are small: a second thread in a test process buys nothing, and with a process per
+# core each idle thread of torch's pool spins, taking a core from another test process (a tenth of a
+# --solutions run's CPU time on 2 cores). A thread count the user set is kept.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 _LIVE: set = set()  # test processes running now, ended on Ctrl-C
 
 
@@ -148,7 +152,7 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
 def _run(args: list[str], limit: float, forked: bool) -> tuple[int | None, str, bool, float]:
     """Run pytest with `args` in ROOT; return its exit code, its capped output, whether it was killed,
     and how many seconds it took."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8")
+    env = {**ONE_THREAD, **os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
     env.pop("KATA_TARGET", None)  # the runner always names the target itself
     read_fd, write_fd = os.pipe()
     stream = os.fdopen(read_fd, "rb")

@@ -87,8 +87,9 @@ def stub_plus(line: str) -> str:
 def grader(root: Path, *args: str, stdin: str | None = None, timeout: float = 60,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `python grader.py ARGS` in the copy, as a learner would (`env`: variables to add)."""
-    # PYTHONDONTWRITEBYTECODE would hide a grader that leaves __pycache__ in exercises/
-    unset = ("KATA_TARGET", "KATA_SEED", "PYTHONDONTWRITEBYTECODE")
+    # PYTHONDONTWRITEBYTECODE would hide a grader that leaves __pycache__ in exercises/, OMP_NUM_THREADS
+    # one that leaves the test processes' thread count as it was
+    unset = ("KATA_TARGET", "KATA_SEED", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS")
     env = {**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})}
     return subprocess.run([sys.executable, "grader.py", *args], cwd=root, env=env, capture_output=True,
                           text=True, timeout=timeout, input=stdin,

@@ -99,3 +99,26 @@ def test_failures_at_run_time_are_reported_in_one_screen(tmp_path):
     detail = grader(root, "04")
     assert "answer() returned 41, expected 42" in detail.stdout
     assert "at exercises/04_tiled_attention.py:" not in detail.stdout  # the test asserted, not the learner
+
+
+ONE_THREAD_TEST = '''import os
+
+import torch
+
+
+def test_answer(ex):
+    assert ex.answer() == 42
+    assert (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()) == ("1", 1)
+'''
+
+
+def test_test_processes_run_one_thread_each(tmp_path):
+    """torch sizes its thread pool when it loads, in the fork server: a server started without the
+    test processes' OMP_NUM_THREADS gives each forked test a thread per core, spinning against the
+    other test processes."""
+    root = make_repo(tmp_path, real=(), fake={})
+    for number in ("06", "07"):  # two whose tests import torch: both forked from the server
+        write_fake(root, number, SOLUTION, test=ONE_THREAD_TEST)
+    done = grader(root, "--json", "--timeout", "20")
+    statuses = {number: by_number(done)[number]["status"] for number in ("06", "07")}
+    assert statuses == {"06": "passed", "07": "passed"}, done.stdout + done.stderr
