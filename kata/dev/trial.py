@@ -1,16 +1,14 @@
 """Run one exercise's tests against another version of its file (a mutant, an alternative)."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kata.exercises import EXERCISES, ROOT, Exercise, find
+from kata.exercises import EXERCISES, Exercise, find
+from kata.grader import launch
+from kata.grader.runner import run_pytest, test_environment
 
 
 @dataclass(frozen=True)
@@ -22,37 +20,37 @@ class Outcome:
 
 def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bool = False,
               fresh_seeds: bool = False) -> Outcome:
-    """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it,
+    forked from the grader's fork server: torch and pytest are imported once for all the trials."""
+    env = test_environment()
     env.pop("KATA_SEED", None)
-    env.pop("KATA_TARGET", None)
     if fresh_seeds:
         env["KATA_FRESH_SEEDS"] = "1"
     else:
         env.pop("KATA_FRESH_SEEDS", None)
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kata-trial-") as tmp:
         # Each exercise file is self-contained and its tests load it alone.
         Path(tmp, exercise.filename).write_text(source, encoding="utf-8")
-        cmd = [sys.executable, "-m", "pytest", str(exercise.test_file), "--target", tmp, "-q",
-               "-p", "no:cacheprovider"] + (["-x"] if first_failure else [])
-        try:
-            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return Outcome("timeout", time.perf_counter() - start, f"still running after {timeout:.0f} s")
-    lines = done.stdout.strip().splitlines()
-    summary = lines[-1] if lines else done.stderr.strip()[-300:]
+        args = [str(exercise.test_file), "--target", tmp, "-q", "-p", "no:cacheprovider", *(["-x"] if first_failure else [])]
+        returncode, output, killed, seconds = run_pytest(args, timeout, launch.can_fork(), env, cap=None)
+    if killed:
+        return Outcome("timeout", seconds, f"still running after {timeout:.0f} s")
+    lines = output.strip().splitlines()
+    # pytest's last line, "1 failed, 3 passed in 2.01s", or the last such: stderr shares the pipe, and a
+    # warning printed at exit comes after it
+    summary = next((line for line in reversed(lines) if SUMMARY.search(line)), output.strip()[-300:])
     # pytest exits 1 for failed tests and for errors alike; only a failed test counts as "failed".
-    if done.returncode == 0:
+    if returncode == 0:
         verdict = "passed"
-    elif done.returncode == 1 and " failed" in summary:
+    elif returncode == 1 and " failed" in summary:
         verdict = "failed"
         summary += _first_failure(lines)
     else:
-        verdict = f"error (pytest exit {done.returncode})"
-    return Outcome(verdict, time.perf_counter() - start, summary)
+        verdict = f"error (pytest exit {returncode})"
+    return Outcome(verdict, seconds, summary)
 
 
+SUMMARY = re.compile(r" in \d+\.\d+s\b")
 FAILURE_HEADER = re.compile(r"_{3,} (\S.*\S) _{3,}")  # pytest's "____ test_name ____" over each failure
 
 

@@ -137,7 +137,7 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
         args = [str(exercise.test_file), "--target", str(target), "-p", "kata.grader.pytest_plugin",
                 "--kata-results", str(results), "-q", "--tb=no", "--show-capture=no",
                 "-o", f"timeout={max(1, int(limit / 2))}"]
-        returncode, output, killed, seconds = _run(args, limit, forked)
+        returncode, output, killed, seconds = run_pytest(args, limit, forked, test_environment())
         events = _read_events(results)
     result = classify(exercise, path, events, returncode=returncode, killed_after=limit if killed else None,
                       seconds=seconds, output=output)
@@ -149,11 +149,19 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
     return result
 
 
-def _run(args: list[str], limit: float, forked: bool) -> tuple[int | None, str, bool, float]:
-    """Run pytest with `args` in ROOT; return its exit code, its capped output, whether it was killed,
-    and how many seconds it took."""
+def test_environment() -> dict[str, str]:
+    """This process's environment as a test process gets it: one thread (unless the user chose), no
+    bytecode written beside an exercise file, no KATA_TARGET (the runner always names the target)."""
     env = {**ONE_THREAD, **os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-    env.pop("KATA_TARGET", None)  # the runner always names the target itself
+    env.pop("KATA_TARGET", None)
+    return env
+
+
+def run_pytest(args: list[str], limit: float, forked: bool, env: dict[str, str],
+               cap: int | None = OUTPUT_CAP) -> tuple[int | None, str, bool, float]:
+    """Run `python -m pytest ARGS` in ROOT with `env`, forked from the fork server if `forked`; end it
+    after `limit` seconds. Returns its exit code, its output (the first `cap` bytes; None: all),
+    whether it was killed, and how many seconds it took."""
     read_fd, write_fd = os.pipe()
     stream = os.fdopen(read_fd, "rb")
     try:
@@ -166,7 +174,7 @@ def _run(args: list[str], limit: float, forked: bool) -> tuple[int | None, str, 
     start = time.monotonic()  # the fork server's imports, done once for all, are no exercise's time
     _LIVE.add(proc)
     chunks: list[bytes] = []
-    reader = threading.Thread(target=_drain, args=(stream, chunks), daemon=True)
+    reader = threading.Thread(target=_drain, args=(stream, chunks, cap), daemon=True)
     reader.start()
     killed = False
     try:
@@ -184,12 +192,12 @@ def _run(args: list[str], limit: float, forked: bool) -> tuple[int | None, str, 
     return proc.returncode, b"".join(chunks).decode("utf-8", "replace"), killed, seconds
 
 
-def _drain(stream, chunks: list[bytes]) -> None:
-    """Read everything the process prints (so it never blocks on a full pipe), keep the first bytes."""
+def _drain(stream, chunks: list[bytes], cap: int | None) -> None:
+    """Read everything the process prints (so it never blocks on a full pipe), keep the first `cap` bytes."""
     kept = 0
     for chunk in iter(lambda: stream.read(65536), b""):
-        if kept < OUTPUT_CAP:
-            chunks.append(chunk[:OUTPUT_CAP - kept])
+        if cap is None or kept < cap:
+            chunks.append(chunk if cap is None else chunk[:cap - kept])
             kept += len(chunks[-1])
     stream.close()
 
