@@ -15,16 +15,14 @@ that a learner's correct solution on a slower machine is never reported as too s
 from __future__ import annotations
 
 import ast
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kata.dev.splice import splice
 from kata.exercises import ROOT, SOLUTIONS_DIR, Exercise
 from kata.grader.runner import DEFAULT_TIMEOUT, timeout_for
-from kata.dev.trial import parse_args, run_tests
+from kata.dev.trial import parse_args, run_tests, trials
 
 ALTERNATIVES_DIR = ROOT / "alternatives"
 
@@ -46,6 +44,8 @@ class Alternative:
 
     @property
     def budget(self) -> float:
+        """Seconds it may take: a third of the grader's limit for the exercise, counted as the grader
+        counts a forked run's (the fork server's imports are no trial's time)."""
         return timeout_for(self.exercise, DEFAULT_TIMEOUT) / 3
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         return alt, run_tests(alt.exercise, alt.source(), alt.budget, fresh_seeds=fresh)
 
     rejected = 0
-    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+    with trials() as pool:
         for alt, outcome in pool.map(run, alternatives):
             ok = outcome.verdict == "passed" and outcome.seconds <= alt.budget
             rejected += not ok

@@ -15,14 +15,12 @@ Each `old` text must occur exactly once in the solution, so a mutant cannot sile
 """
 from __future__ import annotations
 
-import os
 import sys
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kata.exercises import ROOT, SOLUTIONS_DIR, Exercise
-from kata.dev.trial import parse_args, run_tests
+from kata.dev.trial import parse_args, run_tests, trials
 
 MUTANTS_DIR = ROOT / "mutants"
 TIMEOUT_S = 300
@@ -70,8 +68,7 @@ def main(argv: list[str]) -> int:
     for m in mutants:
         m.source()  # a stale mutant is an error before anything runs
     survivors = 0
-    workers = os.cpu_count() or 2
-    with ThreadPoolExecutor(workers) as pool:
+    with trials() as pool:
         for mutant, verdict, seconds in pool.map(lambda m: run_one(m, fresh), mutants):
             survivors += verdict != "killed"
             print(f"{mutant.exercise.number} {mutant.name:<32} {verdict:<18} {seconds:5.1f}s  {mutant.bug}",

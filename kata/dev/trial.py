@@ -1,14 +1,17 @@
 """Run one exercise's tests against another version of its file (a mutant, an alternative)."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kata.exercises import EXERCISES, Exercise, find
 from kata.grader import launch
-from kata.grader.runner import run_pytest, test_environment
+from kata.grader.runner import end_all, process_environment, run_pytest
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,9 @@ class Outcome:
 def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bool = False,
               fresh_seeds: bool = False) -> Outcome:
     """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it,
-    forked from the grader's fork server: torch and pytest are imported once for all the trials."""
-    env = test_environment()
+    forked from the grader's fork server where the system can fork: torch and pytest are imported
+    once for all the trials. Its seconds are counted as the grader counts a forked run's, from the fork."""
+    env = process_environment()
     env.pop("KATA_SEED", None)
     if fresh_seeds:
         env["KATA_FRESH_SEEDS"] = "1"
@@ -51,6 +55,20 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
 
 
 SUMMARY = re.compile(r" in \d+\.\d+s\b")
+@contextlib.contextmanager
+def trials():
+    """A pool that runs trials one per core; on Ctrl-C the trials it has not started are dropped and
+    those running are ended."""
+    pool = ThreadPoolExecutor(os.cpu_count() or 2)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        end_all()
+        raise
+    pool.shutdown()
+
+
 FAILURE_HEADER = re.compile(r"_{3,} (\S.*\S) _{3,}")  # pytest's "____ test_name ____" over each failure
 
 

@@ -12,7 +12,6 @@ there, a third of such a process's time.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import multiprocessing
 import os
@@ -54,7 +53,13 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
     writer = Connection(os.dup(out), readable=False)  # sent to the forked process with the call
     process = context.Process(target=_pytest_main, args=(args, env, writer), name="kata-pytest")
     try:
-        with _START, _server_environment(env):
+        with _START:
+            # The server starts with this process's environment: give it the test processes' values of
+            # READ_AT_LOAD, and leave them there (other threads copy os.environ meanwhile; one that saw
+            # a name vanish between its keys and their values would fail).
+            for name in READ_AT_LOAD:
+                if name in env:
+                    os.environ.setdefault(name, env[name])
             context.set_forkserver_preload(PRELOAD)  # read when the first start starts the server
             process.start()
     except (EOFError, OSError):  # the server died importing (a broken install): the test process says how
@@ -63,21 +68,6 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
         writer.close()
     _UP.set()
     return Forked(process)
-
-
-@contextlib.contextmanager
-def _server_environment(env: dict[str, str]):
-    """os.environ with `env`'s READ_AT_LOAD values while a start may start the fork server."""
-    saved = {name: os.environ.get(name) for name in READ_AT_LOAD}
-    os.environ.update({name: env[name] for name in READ_AT_LOAD if name in env})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class Forked:

@@ -24,7 +24,7 @@ from kata.grader.stub import stub_of
 
 DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage gets GPU_FACTOR times as long
 GPU_FACTOR = 10  # Triton compiles many kernels on a GPU (about 80 s on an H200) or interprets them
-OUTPUT_CAP = 16_000  # characters of pytest's own output kept, for a crash with no other clue
+OUTPUT_CAP = 16_000  # bytes of pytest's own output kept, for a crash with no other clue
 # A test's tensors are small: a second thread in a test process buys nothing, and with a process per
 # core each idle thread of torch's pool spins, taking a core from another test process (a tenth of a
 # --solutions run's CPU time on 2 cores). A thread count the user set is kept.
@@ -115,12 +115,11 @@ def run_many(exercises: list[Exercise], target: Path, timeout: float = DEFAULT_T
             results.append(known[ex.number] or futures[ex.number].result())
             if on_result:
                 on_result(results[-1])
-    except BaseException:  # Ctrl-C: the test processes run in sessions of their own, so end them here
+    except BaseException:
         with lock:
             order.clear()
         pool.shutdown(wait=False)
-        for proc in list(_LIVE):
-            _kill(proc)
+        end_all()
         raise
     pool.shutdown()
     return results
@@ -137,7 +136,7 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
         args = [str(exercise.test_file), "--target", str(target), "-p", "kata.grader.pytest_plugin",
                 "--kata-results", str(results), "-q", "--tb=no", "--show-capture=no",
                 "-o", f"timeout={max(1, int(limit / 2))}"]
-        returncode, output, killed, seconds = run_pytest(args, limit, forked, test_environment())
+        returncode, output, killed, seconds = run_pytest(args, limit, forked, process_environment())
         events = _read_events(results)
     result = classify(exercise, path, events, returncode=returncode, killed_after=limit if killed else None,
                       seconds=seconds, output=output)
@@ -149,7 +148,7 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
     return result
 
 
-def test_environment() -> dict[str, str]:
+def process_environment() -> dict[str, str]:
     """This process's environment as a test process gets it: one thread (unless the user chose), no
     bytecode written beside an exercise file, no KATA_TARGET (the runner always names the target)."""
     env = {**ONE_THREAD, **os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
@@ -197,9 +196,16 @@ def _drain(stream, chunks: list[bytes], cap: int | None) -> None:
     kept = 0
     for chunk in iter(lambda: stream.read(65536), b""):
         if cap is None or kept < cap:
-            chunks.append(chunk if cap is None else chunk[:cap - kept])
+            chunks.append(chunk[:None if cap is None else cap - kept])
             kept += len(chunks[-1])
     stream.close()
+
+
+def end_all() -> None:
+    """End every test process still running (on Ctrl-C: each runs in a session of its own, which the
+    terminal's interrupt does not reach)."""
+    for proc in list(_LIVE):
+        _kill(proc)
 
 
 def _kill(proc) -> None:
