@@ -35,13 +35,14 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     with tempfile.TemporaryDirectory(prefix="kata-trial-") as tmp:
         # Each exercise file is self-contained and its tests load it alone.
         Path(tmp, exercise.filename).write_text(source, encoding="utf-8")
-        args = [str(exercise.test_file), "--target", tmp, "-q", "-p", "no:cacheprovider", *(["-x"] if first_failure else [])]
+        args = [str(exercise.test_file), "--target", tmp, "-q", "-p", "no:cacheprovider",
+                *(["-x"] if first_failure else [])]
         returncode, output, killed, seconds = run_pytest(args, timeout, launch.can_fork(), env, cap=None)
     if killed:
         return Outcome("timeout", seconds, f"still running after {timeout:.0f} s")
     lines = output.strip().splitlines()
-    # pytest's last line, "1 failed, 3 passed in 2.01s", or the last such: stderr shares the pipe, and a
-    # warning printed at exit comes after it
+    # pytest's summary is its last line, or the last such: stderr shares the pipe, and a warning
+    # printed at exit comes after it
     summary = next((line for line in reversed(lines) if SUMMARY.search(line)), output.strip()[-300:])
     # pytest exits 1 for failed tests and for errors alike; only a failed test counts as "failed".
     if returncode == 0:
@@ -54,7 +55,6 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     return Outcome(verdict, seconds, summary)
 
 
-SUMMARY = re.compile(r" in \d+\.\d+s\b")
 @contextlib.contextmanager
 def trials():
     """A pool that runs trials one per core; on Ctrl-C the trials it has not started are dropped and
@@ -69,6 +69,7 @@ def trials():
     pool.shutdown()
 
 
+SUMMARY = re.compile(r" in \d+\.\d+s\b")  # pytest's "1 failed, 3 passed in 2.01s"
 FAILURE_HEADER = re.compile(r"_{3,} (\S.*\S) _{3,}")  # pytest's "____ test_name ____" over each failure
 
 

@@ -25,9 +25,10 @@ from kata.exercises import ROOT
 # What the test processes import, torch the slowest; a missing one is skipped. Autograd imports
 # symbolic_shapes (and with it SymPy, 0.3 s) at the first backward given an output gradient.
 PRELOAD = ["numpy", "pytest", "torch", "torch.fx.experimental.symbolic_shapes"]
-# Environment variables read once, when a library loads: the fork server loads those libraries for
-# every test process, so it starts with the test processes' values of these.
-READ_AT_LOAD = ("OMP_NUM_THREADS",)
+# A test's tensors are small: a second thread in a test process buys nothing, and with a process per
+# core each idle thread of torch's pool spins, taking a core from another test process (a tenth of a
+# --solutions run's CPU time on 2 cores). A thread count the user set is kept.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 _START = threading.Lock()  # the runner's threads start processes one at a time
 _UP = threading.Event()  # set once the fork server has forked its first process: its imports are done
 
@@ -44,8 +45,10 @@ def server_up() -> bool:
 
 
 def start(args: list[str], env: dict[str, str], out: int, forked: bool):
-    """Start `python -m pytest ARGS` in ROOT with `env`, its output into the file descriptor `out`.
+    """Start `python -m pytest ARGS` in ROOT with `env` (and ONE_THREAD where `env` sets no thread
+    count), its output into the file descriptor `out`.
     Returns what the runner waits on and kills: a subprocess.Popen, or a Forked of the same shape."""
+    env = {**ONE_THREAD, **env}
     if not forked:
         return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=out, start_new_session=hasattr(os, "killpg"))
@@ -54,12 +57,11 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
     process = context.Process(target=_pytest_main, args=(args, env, writer), name="kata-pytest")
     try:
         with _START:
-            # The server starts with this process's environment: give it the test processes' values of
-            # READ_AT_LOAD, and leave them there (other threads copy os.environ meanwhile; one that saw
-            # a name vanish between its keys and their values would fail).
-            for name in READ_AT_LOAD:
-                if name in env:
-                    os.environ.setdefault(name, env[name])
+            # torch sizes its thread pool as it loads, in the server, which starts with this process's
+            # environment: the thread count goes there, and stays (other threads copy os.environ
+            # meanwhile; one that saw a name vanish between its keys and their values would fail).
+            for name in ONE_THREAD:
+                os.environ.setdefault(name, env[name])
             context.set_forkserver_preload(PRELOAD)  # read when the first start starts the server
             process.start()
     except (EOFError, OSError):  # the server died importing (a broken install): the test process says how

@@ -25,10 +25,6 @@ from kata.grader.stub import stub_of
 DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage gets GPU_FACTOR times as long
 GPU_FACTOR = 10  # Triton compiles many kernels on a GPU (about 80 s on an H200) or interprets them
 OUTPUT_CAP = 16_000  # bytes of pytest's own output kept, for a crash with no other clue
-# A test's tensors are small: a second thread in a test process buys nothing, and with a process per
-# core each idle thread of torch's pool spins, taking a core from another test process (a tenth of a
-# --solutions run's CPU time on 2 cores). A thread count the user set is kept.
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 _LIVE: set = set()  # test processes running now, ended on Ctrl-C
 
 
@@ -149,9 +145,9 @@ def _run_tests(exercise: Exercise, target: Path, timeout: float, forked: bool) -
 
 
 def process_environment() -> dict[str, str]:
-    """This process's environment as a test process gets it: one thread (unless the user chose), no
-    bytecode written beside an exercise file, no KATA_TARGET (the runner always names the target)."""
-    env = {**ONE_THREAD, **os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+    """This process's environment as a test process gets it: no bytecode written beside an exercise
+    file, no KATA_TARGET (the runner always names the target)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8")
     env.pop("KATA_TARGET", None)
     return env
 
