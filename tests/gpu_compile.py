@@ -167,14 +167,12 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
             deep.add(name)
     given = _given_digest()
     keys = [_key(job, given) for job in jobs]
-    verdicts = {key: json.loads((CACHE / f"{key}.json").read_text()) for key in keys
-                if (CACHE / f"{key}.json").is_file()}
+    verdicts = {key: verdict for key in keys if (verdict := _recalled(key)) is not None}
     todo = [(key, job) for key, job in zip(keys, jobs) if key not in verdicts]
     if todo:
         found = _compile_elsewhere([job for _, job in todo])
-        CACHE.mkdir(parents=True, exist_ok=True)
         for (key, _), verdict in zip(todo, found):
-            (CACHE / f"{key}.json").write_text(json.dumps(verdict))
+            _remember(key, verdict)
             verdicts[key] = verdict
     failing: dict[str, tuple[set, set]] = {}
     for key, job in zip(keys, jobs):
@@ -183,6 +181,29 @@ def compile_for_gpus(launches: list[dict]) -> list[str]:
             targets.add(TARGETS[job["target"]])
             dtypes.add(job["dtype"])
     return [f"{why} (on {' and '.join(sorted(t))}, in {', '.join(sorted(d))})" for why, (t, d) in failing.items()]
+
+
+def _recalled(key: str) -> str | None:
+    """A cached verdict, or None when there is none to read."""
+    try:
+        verdict = json.loads((CACHE / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return verdict if isinstance(verdict, str) else None
+
+
+def _remember(key: str, verdict: str) -> None:
+    """Cache a verdict, whole or not at all: written beside its place, then renamed into it. A cache
+    that cannot be written (a read-only course folder, a full disk) only means compiling again."""
+    path = CACHE / f"{key}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(verdict))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 _compiler = None  # the connection to the forked compiling process, once start_compiler has run
@@ -204,6 +225,9 @@ def start_compiler() -> None:
 
 def _serve(connection) -> None:
     """The forked process: compile each list of jobs it is sent, until the tests' process ends."""
+    # Forked before Triton loads, but with the environment of a shell that may have exported
+    # TRITON_INTERPRET=1 (Triton's tutorials say to): Triton would then load interpreted here too.
+    os.environ.pop("TRITON_INTERPRET", None)
     try:
         while True:
             jobs = connection.recv()
