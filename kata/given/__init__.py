@@ -4,5 +4,6 @@
     tiles    pointers to a tile of rows, its masked load, the head-dim padding (Triton: 06, 09, 10)
     inputs   the Triton wrappers' input checks (06, 09, 10)
     launch   compiled or interpreted, the grid, fixed tiles or autotuned ones (06, 09, 10)
+    precision tl.dot's input precision for float32, as torch's matmuls: TF32 only where asked (06, 09, 10, 13)
     solved   an exercise as solved in solutions/, for the later ones that build on it (07, 09, 10)
 """
