@@ -3,7 +3,9 @@
 Every run happens in an HBM whose SRAM holds one query block and one key tile (plus the rows
 being written), never a whole matrix. Counts are checked array by array against numbers this file
 derives by hand: the query blocks counted, the causal tiles found by testing every (query, key)
-pair. Outputs are checked against a dense float64 oracle. mutants/05_io_counting.toml holds the bugs.
+pair. Outputs are checked against a dense float64 oracle. block_sizes is checked against its rule
+at every M from 3d to 40d², and measured: the walk at its sizes fits hbm.capacity = M, and its K and
+V traffic falls as 1/M (Theorem 2). mutants/05_io_counting.toml holds the bugs.
 """
 import numpy as np
 import pytest
@@ -65,14 +67,17 @@ def call(name, n, d, block_q, block_k, causal, scale=None):
     return f"{name}(hbm with Q, K, V ({n}, {d}), block_q={block_q}, block_k={block_k}{extra})"
 
 
-def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None):
+def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None, capacity=None):
     """Run the learner's function in an HBM whose SRAM fits one query block and one key tile.
 
     Q, K, V are `qkv` (default: standard normal). During the call hbm.array raises: it reads back
-    without counting, so an output computed from it would dodge every count.
+    without counting, so an output computed from it would dodge every count. `capacity` (elements)
+    replaces the SRAM's default size: block_sizes' M.
     """
     __tracebackhide__ = True
-    if function.__name__ == "flash_attention":
+    if capacity is not None:
+        fits = f"blocks of block_sizes(M={capacity}, d={d}): a Q block and one K and one V tile"
+    elif function.__name__ == "flash_attention":
         capacity = 2 * block_q * d + 2 * block_k * d + block_q  # Q and O rows, K and V tile, L rows
         fits = "a query block's Q rows, one key tile's K and V rows, and the O and L rows being written"
     else:
@@ -249,3 +254,86 @@ def test_simulated_extra_traffic_is_4n2_minus_n(ex, rng, n, d, block_q, block_k)
     assert extra == 4 * n * n - n, (f"n={n}, d={d}, block_q={block_q}, block_k={block_k}: standard moved "
                                     f"{std.reads + std.writes}, flash {flash.reads + flash.writes}; "
                                     f"expected a difference of 4n² - n = {4 * n * n - n}, got {extra}")
+
+
+BLOCK_RULE = ("block_q = ⌈M/4d⌉ (the paper's B_c, here the outer block); block_k = min(⌈M/4d⌉, d, "
+              "⌊(M - d·block_q) / 2d⌋), the largest inner tile up to min(block_q, d) for which a Q block and "
+              "one K and one V tile, d·(block_q + 2·block_k) elements, fit in M; M < 3d is a ValueError")
+
+
+def rule_broken(M, d, block_q, block_k):
+    """What (block_q, block_k) breaks of BLOCK_RULE at (M, d), or None."""
+    if block_q != -(-M // (4 * d)):
+        return f"block_q should be ⌈M/4d⌉ = {-(-M // (4 * d))}"
+    if not 1 <= block_k <= min(block_q, d):
+        return f"block_k should lie in 1..min(block_q, d) = 1..{min(block_q, d)}"
+    if d * (block_q + 2 * block_k) > M:
+        return f"a Q block and a K and a V tile hold d·(block_q + 2·block_k) = {d * (block_q + 2 * block_k)} > M"
+    if block_k < min(block_q, d) and d * (block_q + 2 * (block_k + 1)) <= M:
+        return f"block_k = {block_k + 1} fits too: {d * (block_q + 2 * block_k + 2)} <= M"
+    return None
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 8])
+def test_block_sizes_follow_the_rule(ex, d):
+    """Every M from 3d to 40d²: floor for ceil (block_q = 0 below 4d), no cap at d, the cut missing or
+    rounded up (at M = 5d, (2, 2) holds 6d), a ValueError from 4d instead of 3d, the roles not swapped
+    (block_q capped at d, block_k the large one)."""
+    for M in range(3 * d, 40 * d * d + 1):
+        try:
+            block_q, block_k = ex.block_sizes(M, d)
+        except ValueError as error:
+            raise AssertionError(f"block_sizes(M={M}, d={d}) raised ValueError({error}): M >= 3d holds a row "
+                                 f"each of Q, K and V\n  convention: {BLOCK_RULE}") from None
+        broken = rule_broken(M, d, block_q, block_k)
+        assert broken is None, (f"block_sizes(M={M}, d={d}) = ({block_q}, {block_k}): {broken}\n"
+                                f"  convention: {BLOCK_RULE}")
+
+
+HAND_BLOCKS = [(12, 4, (1, 1)), (20, 4, (2, 1)), (64, 4, (4, 4)), (256, 4, (16, 4)),  # the lesson's
+               (3, 1, (1, 1)), (5, 1, (2, 1)), (100, 8, (4, 4)), (1000, 8, (32, 8))]
+
+
+@pytest.mark.parametrize("M, d, expected", HAND_BLOCKS, ids=[f"M{M}-d{d}" for M, d, _ in HAND_BLOCKS])
+def test_block_sizes_on_numbers_worked_by_hand(ex, M, d, expected):
+    """The rule on sizes worked on paper, the lesson's worked example among them."""
+    got = tuple(ex.block_sizes(M, d))
+    assert got == expected, (f"block_sizes(M={M}, d={d}): expected (block_q, block_k) = {expected}, got {got}\n"
+                             f"  convention: {BLOCK_RULE}")
+
+
+@pytest.mark.parametrize("M, d", [(0, 4), (2, 1), (11, 4), (23, 8), (8, 0)])
+def test_block_sizes_refuse_an_sram_below_one_row_each(ex, M, d):
+    """No check: below 3d the cut gives block_k = 0, a walk that never moves forward; d = 0 divides by 0."""
+    with pytest.raises(ValueError):
+        ex.block_sizes(M, d)
+
+
+FIT = [(M, d) for d in (1, 3, 4, 8)
+       for M in sorted({3 * d, 4 * d - 1, 4 * d + 1, 5 * d, 6 * d - 1, 7 * d + 1, 4 * d * d + 1, 16 * d * d - 1})]
+
+
+@pytest.mark.parametrize("M, d", FIT, ids=[f"M{M}-d{d}" for M, d in FIT])
+def test_flash_walk_fits_the_sram_block_sizes_plans_for(ex, rng, M, d):
+    """Measured on the simulator with hbm.capacity = M: the paper's sizes uncut ((2, 2) at M = 5d
+    holds 6d), the cut rounded up, or block_q = 0 (floor) overflow the SRAM or never walk."""
+    block_q, block_k = ex.block_sizes(M, d)
+    run(ex.flash_attention, rng, 2 * block_q + 1, d, block_q, block_k, False, capacity=M)
+
+
+def test_flash_io_falls_as_1_over_m(ex, rng):
+    """Theorem 2 measured: with block_sizes(M, d), each doubling of M halves the K and V traffic,
+    8n²d²/M, until one query block holds all n rows (M = 4nd); then K and V are read once. Roles not
+    swapped (block_q capped at d): the traffic stops falling at M = 4d²."""
+    n, d = 64, 4
+    rows, wrong = [], False
+    for M in (4 * d * 2 ** k for k in range(8)):  # block_q = 1, 2, ..., 128
+        block_q, block_k = ex.block_sizes(M, d)
+        hbm, _, _ = run(ex.flash_attention, rng, n, d, block_q, block_k, False, capacity=M)
+        kv, expected = hbm.reads_of("K") + hbm.reads_of("V"), max(8 * n * n * d * d // M, 2 * n * d)
+        wrong |= kv != expected
+        rows.append(f"  M = {M:5}: blocks ({block_q}, {block_k}), K + V reads {kv:6} (expected {expected:6}), "
+                    f"all moves {hbm.reads + hbm.writes}")
+    assert not wrong, "\n".join([f"flash_attention on Q, K, V ({n}, {d}) at block_sizes(M, {d}), hbm.capacity = M:",
+                                 *rows, "  convention: K and V traffic 2nd·⌈n/block_q⌉ falls as 1/M "
+                                 "(Theorem 2's Θ(N²d²/M)): block_q = ⌈M/4d⌉ grows with M"])
