@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from checks import assert_close, assert_unmodified, describe
+from memory import SQUARE_N, check_no_square
 from oracles import (DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, poison_unscheduled, random_qkv,
                      with_offsets)
 from spies import asked_outside, record_calls, watch
@@ -21,6 +22,8 @@ CAUSAL = "causal is top-left aligned: query i may attend key j iff j <= i"
 TILE_READS = ("each scheduled tile reads its keys and values once, as one slice of at most block_k rows, "
               "in the schedule's order; tiles not scheduled are never read")
 SCALE = "scores are scale · q kᵀ; scale defaults to 1/sqrt(d) only when it is None (0.0 is a scale)"
+NO_SQUARE = ("no array of n_q × n_k elements: S and P exist one tile at a time (Theorem 1: O(n) extra "
+             "memory beyond inputs and outputs)")
 
 
 # ---- oracle: the schedule from the dense mask, pair by pair (attention: tests/oracles.py) ---------
@@ -349,3 +352,20 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
                              f"{cols.start}-{cols.stop - 1}, in {tile_text((i, j, False), n_q, n_k, block_q, block_k)}, "
                              f"where every pair may attend\n  convention: {NEEDS_MASK}; apply the mask "
                              f"only on needs_mask tiles")
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "causal-mask"])
+def test_no_n_by_n_array(ex, rng, masked):
+    """S or P built for all pairs at once (q @ k.T, dense attention over a query block's keys) and cut
+    into tiles, or the allowed pairs of the whole grid built once (tile_allowed over every pair,
+    np.where(mask, 0, -inf), a copy of the mask). The mask itself is an input, and not counted.
+
+    n_q = n_k = 2048, d = 8, blocks of 64, causal: one float64 2048 × 2048 array is 32 MiB (a bool one
+    4 MiB); o, lse and a few 64 × 64 tiles take under 1 MiB, and the peak must stay under 2 MiB.
+    """
+    n, block = SQUARE_N, 64
+    q, k, v = random_qkv(rng, n, n, 8, 8)
+    mask = rng.random((n, n)) < 0.9 if masked else None
+    what = (f"tiled_attention({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block}, "
+            f"block_k={block}, causal=True{f', mask ({n}, {n}) bool' if masked else ''})")
+    check_no_square(lambda: ex.tiled_attention(q, k, v, block, block, causal=True, mask=mask), what, NO_SQUARE)

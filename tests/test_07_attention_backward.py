@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from checks import assert_close, assert_unmodified, describe, peak_bytes
+from checks import assert_close, assert_unmodified, describe
+from memory import SQUARE_N, check_no_square
 from oracles import (DTYPES, TOL, allowed_pairs, attention, case_id, oracle_schedule, random_qkv, softmax, weights,
                      with_offsets)
 from oracles_torch import attention_grads, softmax_grad
@@ -451,7 +452,7 @@ def test_no_n_by_n_array(ex, rng, masked):
     allocations; the peak during the call (inputs not counted) must stay under 2 MiB. The keys are 0, so every score is 0
     and the forward is known in closed form: query i weighs its allowed keys alike, lse_i = log(their count).
     """
-    n, d, block = 2048, 8, 64
+    n, d, block = SQUARE_N, 8, 64
     q, v, do = (rng.standard_normal((n, d)) for _ in range(3))
     k = np.zeros((n, d))
     mask = rng.random((n, n)) < 0.9 if masked else None
@@ -460,10 +461,7 @@ def test_no_n_by_n_array(ex, rng, masked):
     with np.errstate(divide="ignore", invalid="ignore"):  # a row with no allowed key: o = 0, lse = -inf
         o = np.where(count[:, None] > 0, (allowed @ v) / count[:, None], 0.0)
         lse = np.log(count.astype(float))
-    limit = n * n * 8 // 16
-    peak = peak_bytes(lambda: ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True, mask=mask))
-    assert peak < limit, (
-        f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block}, "
-        f"block_k={block}, causal=True{', mask (2048, 2048) bool' if masked else ''}): {peak / 2**20:.1f} MiB "
-        f"allocated at the peak, expected under {limit / 2**20:.0f} MiB (one {n} × {n} float64 array is "
-        f"{n * n * 8 / 2**20:.0f} MiB, a bool one {n * n / 2**20:.0f} MiB)\n  convention: {NO_SQUARE}")
+    what = (f"tiled_attention_backward({describe('q', q)}, {describe('k', k)}, {describe('v', v)}, block_q={block}, "
+            f"block_k={block}, causal=True{f', mask ({n}, {n}) bool' if masked else ''})")
+    check_no_square(lambda: ex.tiled_attention_backward(q, k, v, o, lse, do, block, block, causal=True, mask=mask),
+                    what, NO_SQUARE)

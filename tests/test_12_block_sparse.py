@@ -9,10 +9,11 @@ each count, and keys and values of the blocks no query block lists hold NaN.
 import numpy as np
 import pytest
 
-from checks import assert_close, assert_unmodified, describe, peak_bytes
+from checks import assert_close, assert_unmodified, describe
 from hbm_helpers import call_counted, check_moves, check_outputs, totals
 from kata.given.block_mask import BlockMask
 from kata.given.hbm import HBM
+from memory import SQUARE_N, check_no_square
 from oracles import (DTYPES, TOL, attention, case_id, documents_named_out_of_order, oracle_schedule, poison_unscheduled,
                      random_qkv, tile_kinds, with_offsets)
 
@@ -213,13 +214,10 @@ def test_block_mask_asks_one_tile_at_a_time(ex):
 def test_block_mask_never_holds_the_whole_mask(ex):
     """The mask asked tile by tile but its answers stitched into one n_q x n_k array before the tiles
     are classified: the memory the contract's "no n_q x n_k array" saves."""
-    n, block = 2048, 128
-    limit = n * n // 2  # half a bool n x n array; one tile's arrays take a few hundred KiB at most
-    peak = peak_bytes(lambda: ex.block_mask(ex.causal, n, n, block, block))
-    assert peak < limit, (
-        f"block_mask(causal, n_q = n_k = {n}, blocks of {block}) held {peak / 2**20:.1f} MiB at its peak, over the "
-        f"{limit / 2**20:.0f} MiB allowed; a bool n_q x n_k array is {n * n / 2**20:.0f} MiB, one tile "
-        f"{block * block / 2**10:.0f} KiB\n  convention: built one tile at a time, never an n_q x n_k array")
+    n, block = SQUARE_N, 128  # one tile's arrays take a few hundred KiB at most
+    check_no_square(lambda: ex.block_mask(ex.causal, n, n, block, block),
+                    f"block_mask(causal, n_q = n_k = {n}, blocks of {block})",
+                    "built one tile at a time, never an n_q x n_k array")
 
 
 @pytest.mark.parametrize("mask", MASK_NAMES)
