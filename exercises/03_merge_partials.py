@@ -19,8 +19,11 @@ In the paper
     (m, l) in place of lse: O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~ - m_new) P~ V_j).
     FlashAttention-2 (Dao, 2023, arXiv 2307.08691) writes only L_i = m_i + log(l_i), the lse,
     to HBM, for its backward pass. Merging whole partial results by their lse, as here, is how
-    Flash-Decoding (Dao, Haziza, Massa, Sizov, 2023) splits a long KV cache, and how Rabe &
-    Staats (2021, arXiv 2112.05682) combine chunks of keys.
+    Flash-Decoding (Dao, Haziza, Massa, Sizov, 2023) merges the splits of a long KV cache. Rabe &
+    Staats (2021, arXiv 2112.05682) combine chunks of keys in the equivalent unnormalised form:
+    each chunk keeps its exp-weighted sum of values, its sum of exps and its max; the chunks are
+    rescaled to the largest max, added, and divided once (FlashAttention's appendix B.5: each
+    block's temporary output and softmax statistics, combined at the end).
 
 Conventions
     - A boolean mask is True where a query may attend a key; False scores become -inf.

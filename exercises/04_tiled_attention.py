@@ -20,7 +20,12 @@ In the paper
     multiplies by diag(l_new)^-1 after every tile. FlashAttention-2: Faster Attention with Better
     Parallelism and Work Partitioning (Dao, 2023, arXiv 2307.08691), Algorithm 1,
     keeps O_i unnormalised (lines 8-10), divides once (line 12) and sets L_i = m_i + log(l_i)
-    (line 13). Here: the order of FlashAttention-2, the names of both.
+    (line 13). Here: the order of FlashAttention-2, the names of both. Beware its line 10: it prints
+    the rescale as diag(e^(m_old - m_new))^-1, an inverse too many (a known typo, also in its
+    online-softmax derivation): multiply acc by alpha, as here; taken as printed, the first tile
+    divides by e^(-inf) = 0 and gives NaN.
+    Theorem 1: Algorithm 1 needs O(n) memory beyond its inputs and output (m and l; acc is the
+    output), never an n x n array: S and P exist one tile at a time. The tests measure it.
 
 Which tiles are worth computing
     A tile where no (query, key) pair may attend adds exp(-inf) = 0 to l and acc: skip it, and

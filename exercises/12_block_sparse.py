@@ -2,9 +2,11 @@
 
 The idea
     Exercise 04 skipped the tiles above the causal diagonal. Any mask can be cut the same way.
-    Write it as FlexAttention does (Dong et al., 2024, arXiv 2412.05496): a mask_mod(q_idx,
-    kv_idx) -> bool, called on broadcast integer index arrays, True where the query may attend the
-    key. Ask it about one tile at a time and each tile is one of three kinds: empty (no pair may
+    Write it as a mask_mod(q_idx, kv_idx) -> bool, called on broadcast NumPy index arrays, True
+    where the query may attend the key. That is FlexAttention's idea (Dong et al., 2024, arXiv
+    2412.05496) simplified: its mask_mod(b, h, q_idx, kv_idx) takes the batch and head too, and is
+    written for scalar index tensors, which create_block_mask vmaps over every (b, h, q, kv).
+    Ask it about one tile at a time and each tile is one of three kinds: empty (no pair may
     attend: skip it, never read its K and V), full (every pair may: compute it with no mask) or
     partial (some pairs masked: the only tiles that pay for the mask). Causal, sliding-window and
     document masks (packed sequences, causal within each document) leave most tiles empty or full.
@@ -13,7 +15,11 @@ In the paper
     FlashAttention (Dao et al., 2022), section 3.3: given a block mask, compute only its nonzero
     blocks. Proposition 4: the HBM accesses fall to Θ(Nd + N²d²M⁻¹s), s the fraction of nonzero
     blocks. Here: Q is read once and O, L written once (the Nd), and each listed tile costs its K
-    and V rows; with blocks of Θ(M/d) rows that is s·T_r·2Nd = Θ(s·N²d²/M).
+    and V rows; with blocks of Θ(M/d) rows that is s·T_r·2Nd = Θ(s·N²d²/M). As an approximation
+    of dense attention, section 3.3 takes s = N^(-1/2) or N^(-1)·log N, and the IO becomes Θ(N√N)
+    or Θ(N log N). In the table printed once 12 passes (N = 64k, where N^(-1/2) = 0.004), a
+    sliding window of w = 1k keys has s = 0.017, about w/N: at a fixed w, s falls as 1/N and the
+    traffic grows only linearly in N.
 
 The layout (FlexAttention's BlockMask, kata/given/block_mask.py)
     For query block i: kv_num_blocks[i] partial key blocks in kv_indices[i, :kv_num_blocks[i]],
