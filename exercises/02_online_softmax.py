@@ -19,7 +19,10 @@ In the paper
     m(x) = max(m(x1), m(x2)),  l(x) = exp(m(x1) - m(x)) l(x1) + exp(m(x2) - m(x)) l(x2).
     Algorithm 1, lines 10-11, apply exactly this to each block of keys. The one-pass softmax
     itself is older: Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018,
-    arXiv 1805.02867).
+    arXiv 1805.02867). Reading FlashAttention-2 (arXiv 2307.08691) alongside: its l update
+    (Algorithm 1, line 9) is this one, but line 10 and its online-softmax derivation print the
+    output's factor as diag(e^(m_old - m_new))^-1, an inverse too many (a typo, also in
+    FlashAttention-3's Algorithm 1): the factor multiplies, as it does l here.
 
 Conventions
     - The pass runs over the last axis in chunks of block_size columns; the last chunk may be
