@@ -19,6 +19,9 @@ In the paper
     FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning (Dao, 2023,
     arXiv 2307.08691), Algorithm 1: the outer loop over query blocks is the launch grid,
     the inner loop over key blocks is the program's loop, and o is divided by l once, at the end.
+    Its line 10 prints acc's factor as diag(e^(m_old - m_new))^-1, an inverse too many (a typo,
+    also in its online-softmax derivation and in FlashAttention-3's Algorithm 1): multiply, as
+    above; taken as printed, the first tile divides by e^(-inf) = 0 and gives NaN.
 
 Where masks are paid (two stages, as in Triton's fused-attention tutorial)
     Stage 1 walks the key tiles every row of the block may attend: no mask, no bounds checks.
@@ -34,7 +37,8 @@ Conventions
       o has q's dtype and shape; lse is float32 (B, H, n_q). m, l and acc are float32.
     - scale defaults to 1/sqrt(D) and must be positive. A fully masked row (kv_lens[b] = 0) has
       l = 0: o = 0 and lse = -inf, never NaN.
-    - The wrapper zero-pads D to a power of two >= 16 (tl.dot's need): zero columns change no score.
+    - The wrapper zero-pads D to a power of two (tl.arange and every block shape need one), at
+      least 16 (tl.dot's inner dimension, for float16 and bfloat16): zero columns change no score.
     - float32 inputs multiply in tf32 on a GPU (Triton's default for tl.dot).
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernel on the CPU, one program at a time, in
       float32 and float16 with small tiles (32 x 16); the tests also compile it for Ampere and Hopper

@@ -146,8 +146,9 @@ def _default_num_splits(programs: int, n_k: int, device: torch.device) -> int:
 
 
 def _block_m(n_rows: int, width: int) -> int:
-    """Rows per tile: the group's G · n_q rows, a power of two >= 16 (tl.dot's need), at most
-    MAX_TILE / width (the interpreter's 512 / width, so that tests cut groups in row blocks)."""
+    """Rows per tile: the group's G · n_q rows, a power of two (tl.arange's need) >= 16 (Triton pads
+    a tl.dot of fewer rows to the tensor cores' 16 anyway), at most MAX_TILE / width (the
+    interpreter's 512 / width, so that tests cut groups in row blocks)."""
     cap = (512 if interpreted() else MAX_TILE) // width
     return max(16, min(triton.next_power_of_2(n_rows), cap))
 

@@ -7,7 +7,7 @@ The idea
     the mask applies: a program reads its block's lists (kata/given/block_mask.py's layout) and
     folds each listed block's tiles as 06 and 09 do, the full blocks with no mask and the partial
     blocks with it (here the full ones first, so that the masked tiles end the walk; the other
-    order gives the same answer). Empty blocks are never named, so never read.
+    order gives the same answer, up to rounding). Empty blocks are never named, so never read.
 
 The mask (kata/given/masks.py)
     A Mask holds a @triton.jit mod(q_idx, kv_idx, window, doc_ids) -> bool, 12's mask_mod for a
@@ -49,7 +49,7 @@ Tiles through descriptors (kata/given/tiles.py)
     forward and dQ store them with pointers, rows (b·H + h)·stride_lse apart, and dK, dV reads both
     for its rows with one copy, lse, d = tiles.load_stats(desc, b, h, start, ROWS).
 
-Advice, for speed (the tests cannot see it: each way gives the same answer)
+Advice, for speed (the tests cannot see it: each way gives the same answer, up to rounding)
     - One loop a program, over the full list and then the partial one, the mask turned on by a
       runtime `if` from the first masked tile: the compiler overlaps the loads of a loop's coming
       trips only within that loop, and each loop fills and drains its own pipeline, which costs
@@ -77,8 +77,10 @@ Fully masked rows
     never a product with the mask.
 
 In the paper
-    FlashAttention (Dao et al., 2022), section 3.3, Algorithm 5: Algorithm 1 with the inner loop
-    run only where the block mask is nonzero; Proposition 4, IO Θ(Nd + N²d²M⁻¹s). FlexAttention
+    FlashAttention (Dao et al., 2022), section 3.3: block-sparse FlashAttention is Algorithm 1
+    skipping the zero blocks of a block mask; appendix D.1 writes it out as Algorithm 5, which is
+    Algorithm 2 (Algorithm 1 with scale, mask and dropout) skipping zero blocks. Proposition 4:
+    IO Θ(Nd + N²d²M⁻¹s). FlexAttention
     (Dong et al., 2024) keeps partial and full blocks apart, so that only the partial ones pay the mask.
 
 Conventions

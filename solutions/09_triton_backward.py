@@ -24,7 +24,9 @@ Why two kernels rather than atomics
     many programs at once, a zeroed float32 buffer, a final cast, and sums whose order (and so
     whose rounding) changes from run to run. The dQ kernel instead recomputes S and dP for its own
     query block: two more matmuls per tile (7 instead of 5), in exchange for dQ_i summed in
-    registers, written once, in a fixed order (Triton's fused-attention tutorial chooses the same).
+    registers, written once, in a fixed order. Triton's fused-attention tutorial also recomputes
+    rather than add atomically, but in one launch after D's: each of its programs sums one key
+    block's dK, dV, then one query block's dQ.
     The extra matmuls run on tensor cores, which have FLOPs to spare; atomics contend in memory.
 
 FLOPs (n_q = n_k = n, head dimension d, one head; a matmul of (a, b) by (b, c) is 2abc)

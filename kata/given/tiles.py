@@ -20,9 +20,10 @@ matrix's end read as zeros. Other GPUs, and the interpreter, run it as a masked 
 The backward's numbers per query row, lse and D, lie side by side in one (B, H, 2, n) tensor
 (`row_stats`), and a kernel reads both for a tile of rows with one copy (`load_stats`).
 
-HEAD_DIM is the tile's width: tl.dot and tl.arange need a power of two, at least 16, so each
-wrapper pads the caller's D with zero columns up to padded_width(D) before launching (a zero
-column adds 0 to every dot product and gives a zero column of output, which the wrapper cuts off).
+HEAD_DIM is the tile's width: tl.arange and every block shape need a power of two, and tl.dot an
+inner dimension of at least 16 (float16, bfloat16), so each wrapper pads the caller's D with zero
+columns up to padded_width(D) before launching (a zero column adds 0 to every dot product and
+gives a zero column of output, which the wrapper cuts off).
 """
 import torch
 import triton
