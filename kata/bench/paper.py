@@ -1,7 +1,7 @@
 """`python grader.py --bench paper [--no-ncu]`: the paper's Figure 2 (left) on this GPU.
 
-GPT-2 medium attention (batch 64, 16 heads, n 1024, d 64, causal, fp16), one forward + backward
-step: standard attention written in PyTorch (matmul, mask, softmax, matmul) against exercise 09's
+GPT-2 medium attention (batch 64, 16 heads, n 1024, d 64; causal and fp16, the kata's settings,
+as the paper's caption names neither), one forward + backward step: standard attention written in PyTorch (matmul, mask, softmax, matmul) against exercise 09's
 kernel. GFLOPs, runtime, peak memory and HBM traffic, the last from the 05 + 08 model and measured
 with Nsight Compute (ncu) in a subprocess where it is installed and allowed, beside the paper's
 A100 numbers. A column that cannot run on this GPU gets a note; any other error stops the benchmark,
@@ -55,7 +55,7 @@ def paper_methods(torch, target: Path) -> dict:
 
 
 def paper_step(torch, fn):
-    """A forward + backward step on the paper's inputs (fp16, seeded) and the leaves it fills."""
+    """A forward + backward step on inputs of the paper's shape (fp16, seeded) and the leaves it fills."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(PAPER_B, PAPER_H, PAPER_N, PAPER_D, device="cuda", dtype=torch.float16, generator=gen)
                    for _ in range(4))
@@ -153,7 +153,7 @@ def paper_table(columns: dict, model: dict, device: str) -> str:
 
 def main(target: Path, argv: list[str]) -> int:
     args = parse(argv)
-    torch = gpu_torch("python grader.py 09", bf16=False)  # fp16, as the paper
+    torch = gpu_torch("python grader.py 09", bf16=False)  # fp16: the caption gives no dtype; GPT-2 trained in AMP
     if torch is None:
         return 2
     columns = {}
