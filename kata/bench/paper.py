@@ -1,11 +1,11 @@
 """`python grader.py --bench paper [--no-ncu]`: the paper's Figure 2 (left) on this GPU.
 
-GPT-2 medium attention (batch 64, 16 heads, n 1024, d 64; causal and fp16, the kata's settings,
-as the paper's caption names neither), one forward + backward step: standard attention written in PyTorch (matmul, mask, softmax, matmul) against exercise 09's
-kernel. GFLOPs, runtime, peak memory and HBM traffic, the last from the 05 + 08 model and measured
-with Nsight Compute (ncu) in a subprocess where it is installed and allowed, beside the paper's
-A100 numbers. A column that cannot run on this GPU gets a note; any other error stops the benchmark,
-naming its column.
+GPT-2 medium attention (batch 64, 16 heads, n 1024, d 64; causal and fp16, the kata's settings, as
+the paper's caption names neither), one forward + backward step: standard attention written in
+PyTorch (matmul, mask, softmax, matmul) against exercise 09's kernel. GFLOPs, runtime, peak memory
+and HBM traffic, the last from the 05 + 08 model and measured with Nsight Compute (ncu) in a
+subprocess where it is installed and allowed, beside the paper's A100 numbers. A column that cannot
+run on this GPU gets a note; any other error stops the benchmark, naming its column.
 """
 from __future__ import annotations
 
