@@ -25,7 +25,8 @@ In the paper
     online-softmax derivation): multiply acc by alpha, as here; taken as printed, the first tile
     divides by e^(-inf) = 0 and gives NaN.
     Theorem 1: Algorithm 1 needs O(n) memory beyond its inputs and output (m and l; acc is the
-    output), never an n x n array: S and P exist one tile at a time. The tests measure it.
+    output), never an n x n array: S, P and the allowed pairs (tile_schedule's too) exist one
+    tile at a time. The tests measure it.
 
 Which tiles are worth computing
     A tile where no (query, key) pair may attend adds exp(-inf) = 0 to l and acc: skip it, and

@@ -20,8 +20,8 @@ def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool =
     A tile is listed iff at least one pair in it may attend; needs_mask is True iff at least one
     pair in it may not. i, j are Python ints and needs_mask a Python bool.
     """
-    tiles = [(i, j, tile_allowed(block_slice(i, block_q, n_q), block_slice(j, block_k, n_k), causal, mask))
-             for i in range(num_blocks(n_q, block_q)) for j in range(num_blocks(n_k, block_k))]
+    tiles = ((i, j, tile_allowed(block_slice(i, block_q, n_q), block_slice(j, block_k, n_k), causal, mask))
+             for i in range(num_blocks(n_q, block_q)) for j in range(num_blocks(n_k, block_k)))
     return [(i, j, bool(not allowed.all())) for i, j, allowed in tiles if allowed.any()]
 
 

@@ -1,4 +1,4 @@
-"""Alternative: tile_schedule from the whole allowed matrix, padded and reshaped to (T_r, block_q, T_c, block_k).
+"""Alternative: tile_schedule from each query block's strip of allowed pairs, reshaped to (block_q, T_c, block_k).
 
 Inputs pass through np.ascontiguousarray; the running state is one (n_q, 2 + d_v) array per row.
 """
@@ -25,13 +25,16 @@ def tile_schedule(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool =
     A tile is listed iff at least one pair in it may attend; needs_mask is True iff at least one
     pair in it may not. i, j are Python ints and needs_mask a Python bool.
     """
-    t_r, t_c = num_blocks(n_q, block_q), num_blocks(n_k, block_k)
-    allowed = tile_allowed(slice(0, n_q), slice(0, n_k), causal, mask)
-    pad = ((0, t_r * block_q - n_q), (0, t_c * block_k - n_k))
-    # Cells past the bounds are in no tile: False for "any pair may attend", True for "all may".
-    any_live = np.pad(allowed, pad, constant_values=False).reshape(t_r, block_q, t_c, block_k).any(axis=(1, 3))
-    all_live = np.pad(allowed, pad, constant_values=True).reshape(t_r, block_q, t_c, block_k).all(axis=(1, 3))
-    return [(int(i), int(j), not bool(all_live[i, j])) for i, j in np.argwhere(any_live)]
+    t_c = num_blocks(n_k, block_k)
+    schedule = []
+    for i in range(num_blocks(n_q, block_q)):
+        allowed = tile_allowed(block_slice(i, block_q, n_q), slice(0, n_k), causal, mask)  # block_q x n_k, not n x n
+        pad = ((0, block_q - allowed.shape[0]), (0, t_c * block_k - n_k))
+        # Cells past the bounds are in no tile: False for "any pair may attend", True for "all may".
+        any_live = np.pad(allowed, pad, constant_values=False).reshape(block_q, t_c, block_k).any(axis=(0, 2))
+        all_live = np.pad(allowed, pad, constant_values=True).reshape(block_q, t_c, block_k).all(axis=(0, 2))
+        schedule += [(i, int(j), not bool(all_live[j])) for j in np.flatnonzero(any_live)]
+    return schedule
 
 
 def tiled_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_q: int, block_k: int,
