@@ -76,7 +76,8 @@ def run(function, rng, n, d, block_q, block_k, causal, scale=None, qkv=None, cap
     """
     __tracebackhide__ = True
     if capacity is not None:
-        fits = f"blocks of block_sizes(M={capacity}, d={d}): a Q block and one K and one V tile"
+        fits = (f"block_sizes(M={capacity}, d={d})'s blocks if they are right: a Q block and one K and one V "
+                f"tile, d·(block_q + 2·block_k) = {d * (block_q + 2 * block_k)} elements here")
     elif function.__name__ == "flash_attention":
         capacity = 2 * block_q * d + 2 * block_k * d + block_q  # Q and O rows, K and V tile, L rows
         fits = "a query block's Q rows, one key tile's K and V rows, and the O and L rows being written"
