@@ -28,8 +28,9 @@ The block sizes (block_sizes)
     counts only what is read, so the walk holds d·(block_q + 2·block_k) elements at once (a Q
     block, one K and one V tile), and the ceiling alone can pass M (at M = 5d, blocks (2, 2) hold
     6d). Writing O while Q is live needs 2d·block_q, which ⌈M/4d⌉ keeps within M. M < 3d holds
-    not even one row each of Q, K and V: ValueError. A real kernel must also fit m, l, acc and
-    the score tile, which the simulator does not count; the paper's four blocks leave room.
+    not even one row each of Q, K and V: ValueError (and for d < 1). A real kernel must also fit
+    m, l, acc and the score tile, which the simulator does not count; the paper's four blocks
+    leave room.
 
 In the paper
     Theorem 2 (section 3.2), for an SRAM of M elements with d <= M <= Nd: standard attention
@@ -112,5 +113,5 @@ def block_sizes(M: int, d: int) -> tuple[int, int]:
     """(block_q, block_k) for an SRAM of M elements and head dimension d: the paper's Algorithm 1,
     line 1, with query blocks outside, block_k cut so that flash_attention's walk fits in M."""
     # TODO: block_q = ceil(M / 4d); block_k = min(ceil(M / 4d), d, floor((M - d·block_q) / 2d));
-    #       a ValueError naming M and d when M < 3d.
+    #       a ValueError naming M and d when M < 3d or d < 1.
     raise NotImplementedError("block_sizes: replace this line with your code")
