@@ -1,12 +1,18 @@
-"""What the GPU here can run: bfloat16 support, and an NVIDIA GPU that torch cannot use."""
+"""What the GPU here can run: bfloat16 support, an NVIDIA GPU that torch cannot use, and whether the
+Triton exercises' kernels run compiled or in Triton's interpreter."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
+import sys
+from dataclasses import dataclass
 
 BF16_CAPABILITY = (8, 0)  # bfloat16 tensor cores arrived with Ampere (A100, RTX 30xx); a T4 is 7.5
 TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
 NO_GPU = "no CUDA GPU"
+INTERPRET = "TRITON_INTERPRET"  # Triton reads it as it loads, and as each @triton.jit function is defined
 
 
 def bf16_missing(torch) -> str | None:
@@ -48,3 +54,48 @@ def gpu_skip_reason(torch) -> str:
     """Why GPU-only tests are skipped here: the plain reason, or what stops torch using the GPU."""
     why = unusable_gpu(torch.__version__, torch.version.cuda, torch.cuda.is_available(), nvidia_gpus())
     return why or NO_GPU
+
+
+def triton_missing() -> str | None:
+    """Why Triton cannot run here, or None when it can be imported."""
+    try:
+        if importlib.util.find_spec("triton") is not None:
+            return None
+    except (ImportError, ValueError):  # a broken install, or one hidden from this Python
+        pass
+    return "Triton needs Linux" if not sys.platform.startswith("linux") else "Triton is not installed"
+
+
+@dataclass(frozen=True)
+class TritonMode:
+    """How the Triton exercises' kernels run: `interpreted` or compiled, and why, in a sentence's words."""
+    interpreted: bool
+    why: str
+
+    @property
+    def label(self) -> str:
+        return "in Triton's interpreter on the CPU" if self.interpreted else "compiled on the GPU"
+
+
+def triton_mode(cuda_usable: bool, exported: str | None) -> TritonMode:
+    """Compiled when torch can use a CUDA GPU, else interpreted, whatever TRITON_INTERPRET says
+    (`exported`: its value here, None when unset). The tests put their tensors where the kernels
+    run: interpreted kernels on a GPU's tensors, or compiled ones on the CPU's, test neither mode."""
+    asked = exported not in (None, "", "0")
+    if cuda_usable:
+        return TritonMode(False, "torch can use a CUDA GPU" + (
+            f"; {INTERPRET}={exported}, exported in this shell, is overridden: the GPU stage runs compiled"
+            if asked else ""))
+    return TritonMode(True, NO_GPU + (f"; {INTERPRET}={exported}, exported in this shell, is honoured" if asked else ""))
+
+
+def use_triton_mode(torch) -> TritonMode:
+    """Decide the mode here and put it in os.environ (TRITON_INTERPRET=1, or unset) for Triton to
+    load in. Call it before Triton is imported: Triton, and every @triton.jit function defined
+    after, keeps the mode it was loaded in."""
+    mode = triton_mode(torch.cuda.is_available(), os.environ.get(INTERPRET))
+    if mode.interpreted:
+        os.environ[INTERPRET] = "1"
+    else:
+        os.environ.pop(INTERPRET, None)
+    return mode

@@ -69,6 +69,16 @@ def pytest_runtest_call(item):
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A test file skipped by a helper it imports (triton_helpers, without Triton) is named in the
+    skip, where pytest would name the helper's line once for all of them."""
+    report = yield
+    if report.skipped and isinstance(collector, pytest.Module) and isinstance(report.longrepr, tuple):
+        report.longrepr = (str(collector.path), None, report.longrepr[2])
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
     if call.excinfo is None or report.passed:

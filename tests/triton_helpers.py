@@ -1,8 +1,10 @@
 """What the tests of the Triton exercises (06, 09, 10) share: inputs, poisons, tolerances, and the
 check of a forward kernel's o and lse against float64 attention (tests/oracles_torch.py).
 
-Import it after `pytest.importorskip("torch")` and before Triton: without a CUDA device it sets
-TRITON_INTERPRET=1, which Triton reads when it loads, so the kernels run in its interpreter.
+Import it after `pytest.importorskip("torch")` and before Triton. Without Triton it skips the
+importing test file, with the reason. Else it decides, once, how the kernels run (kata.gpu.triton_mode:
+compiled where torch can use a CUDA GPU, in Triton's interpreter on the CPU otherwise, whatever the
+shell exported) and sets or drops TRITON_INTERPRET to match, which Triton reads when it loads.
 """
 from __future__ import annotations
 
@@ -17,18 +19,20 @@ import torch
 import fast_interpreter
 from checks import AFTER_CALL, assert_close, assert_unmodified
 from gpu_compile import compile_for_gpus, record_launches, start_compiler
-from kata.gpu import bf16_missing, gpu_skip_reason
+from kata.gpu import bf16_missing, gpu_skip_reason, triton_missing, use_triton_mode
 from kata.unfinished import error_chain
 from oracles_torch import attention
 from spies import record_calls
 
-if not torch.cuda.is_available():
+if missing := triton_missing():
+    pytest.skip(f"skipped: {missing}", allow_module_level=True)
+MODE = use_triton_mode(torch)  # before Triton loads, and before an exercise's @triton.jit runs
+if MODE.interpreted:
     start_compiler()  # before Triton loads interpreted: the compile check's process runs it compiled
-    os.environ["TRITON_INTERPRET"] = "1"  # read when an exercise's @triton.jit runs: set it first
     fast_interpreter.install()
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRETED = DEVICE == "cpu"
+DEVICE = "cpu" if MODE.interpreted else "cuda"
+INTERPRETED = MODE.interpreted
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
 interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="tests the interpreter: compiled, bfloat16 works")
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}

@@ -49,7 +49,8 @@ def known_problems(versions: dict[str, str | None], system: str, cuda: bool, pro
         problems.append(("note", f"Triton runs on Linux only: exercises {_triton_exercises()} are skipped here, "
                                  "the others still work"))
     elif triton is None:
-        problems.append(("problem", 'Triton is missing: pip install "triton>=3.7"'))
+        problems.append(("problem", f'Triton is missing: pip install "triton>=3.7"; until then exercises '
+                                    f'{_triton_exercises()} are skipped'))
     elif _release(triton) == (3, 6) and _release(numpy) >= (2, 4) and not cuda:
         problems.append(("problem", 'Triton 3.6\'s interpreter fails with NumPy >= 2.4: pip install "numpy<2.4" '
                                     "(or upgrade Triton: pip install -U triton)"))
@@ -81,21 +82,26 @@ def main() -> int:
     for name, found in versions.items():
         print(f"{name:<15} {found or 'not installed'}")
     print(f"{'platform':<15} {platform.system()} {platform.release()} ({platform.machine()})")
-    probe = probe_kernel() if versions["triton"] and versions["torch"] else None
+    probe = probe_kernel() if versions["torch"] else None
     cuda = bool(probe and probe.get("cuda"))
     if cuda:
         gpu = probe.get("device")
     elif probe is None:
-        gpu = f"unknown: torch and Triton are needed to look ({_triton_exercises()} are skipped without them)"
+        gpu = f"unknown: torch is needed to look ({_triton_exercises()} are skipped without it)"
+    elif probe.get("triton_missing"):
+        gpu = "no CUDA GPU"
     else:
         gpu = f"no CUDA GPU: {_triton_exercises()} run in Triton's interpreter on the CPU"
     print(f"{'GPU':<15} {gpu}")
-    if probe is not None:
+    if probe is not None and not probe.get("triton_missing"):
+        if probe.get("mode"):
+            print(f"{'Triton mode':<15} {probe['mode']}: {probe['why']}")
         state = "works" if probe["ok"] else f"FAILS: {probe['error']}"
         print(f"{'Triton kernel':<15} a tiny kernel, {probe.get('mode') or 'as the Triton exercises run it'}: {state}")
     problems = known_problems(versions, platform.system(), cuda, probe, nvidia_gpus() if probe and not cuda else [])
     for kind, text in problems:
         print(f"{kind:<15} {text}")
-    healthy = all(kind == "note" for kind, _ in problems) and (probe is None or probe["ok"])
+    healthy = all(kind == "note" for kind, _ in problems) and (probe is None or probe.get("triton_missing")
+                                                                or probe["ok"])
     print("All set: python grader.py" if healthy else "Fix the problems above, then run python grader.py doctor again.")
     return 0 if healthy else 1

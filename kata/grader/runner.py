@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from kata.exercises import Exercise
+from kata.gpu import triton_missing
 from kata.grader import cache, launch
 from kata.grader.results import (TIMED_OUT, ExerciseResult, classify, missing_result, skipped_result,
                                  untouched_result)
@@ -35,13 +35,6 @@ def default_workers() -> int:
 
 def timeout_for(exercise: Exercise, timeout: float) -> float:
     return timeout * (GPU_FACTOR if exercise.needs_gpu else 1)
-
-
-def triton_missing() -> str | None:
-    """Why Triton cannot run here, or None when it can be imported."""
-    if importlib.util.find_spec("triton") is not None:
-        return None
-    return "Triton needs Linux" if not sys.platform.startswith("linux") else "Triton is not installed"
 
 
 def run_exercise(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIMEOUT) -> ExerciseResult:

@@ -2,7 +2,13 @@
 import subprocess
 import sys
 
+import pytest
+
 from kata.exercises import ROOT
+from kata.gpu import triton_missing
+
+if missing := triton_missing():
+    pytest.skip(f"skipped: {missing}", allow_module_level=True)
 
 
 def run_apart(script: str) -> None:

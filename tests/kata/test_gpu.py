@@ -1,8 +1,11 @@
 """GPUs the kata cannot fully use, faked: no bfloat16 (compute capability < 8.0), and an NVIDIA GPU
 that torch cannot use (a CPU build of torch, or a driver too old for its CUDA)."""
 import importlib
+import json
 import os
 import stat
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from kata import gpu
 from kata.bench import forward as bench
 from kata.grader import doctor
-from kata.exercises import SOLUTIONS_DIR, format_numbers, numbers_where
+from kata.exercises import ROOT, SOLUTIONS_DIR, format_numbers, numbers_where
 
 T4 = "Tesla T4"
 
@@ -48,6 +51,8 @@ def test_06_skips_bf16_cases_with_the_reason(monkeypatch):
 
 def test_bench_skips_every_bf16_cell_with_the_reason(monkeypatch, capsys):
     torch = pytest.importorskip("torch")
+    if why := gpu.triton_missing():
+        pytest.skip(why)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: T4)
@@ -87,3 +92,63 @@ def test_doctor_notes_a_gpu_without_bf16():
     stages = format_numbers(numbers_where("needs_gpu"))
     assert any(kind == "note" and f"the bfloat16 tests of {stages}, and the benchmarks" in text
                for kind, text in problems)
+
+
+@pytest.mark.parametrize("cuda, exported, interpreted, words", [
+    (True, None, False, "torch can use a CUDA GPU"),
+    (True, "1", False, "TRITON_INTERPRET=1, exported in this shell, is overridden"),
+    (False, None, True, "no CUDA GPU"),
+    (False, "1", True, "TRITON_INTERPRET=1, exported in this shell, is honoured"),
+    (False, "0", True, "no CUDA GPU"),
+], ids=["gpu", "gpu-exported", "cpu", "cpu-exported", "cpu-exported-0"])
+def test_kernels_run_compiled_exactly_where_a_gpu_is_usable(monkeypatch, cuda, exported, interpreted, words):
+    """One decision for the tests, kata/given and doctor, whatever the shell exported: with
+    TRITON_INTERPRET=1 kept on a GPU the interpreter ran on CUDA tensors while the tests and the given
+    launch code took it for compiled (NaN from l = 0), and doctor said "compiled on the GPU: works"."""
+    if exported is None:
+        monkeypatch.delenv(gpu.INTERPRET, raising=False)
+    else:
+        monkeypatch.setenv(gpu.INTERPRET, exported)
+    mode = gpu.use_triton_mode(fake_torch((9, 0), available=cuda))
+    assert mode.interpreted == interpreted and os.environ.get(gpu.INTERPRET) == ("1" if interpreted else None)
+    if not gpu.triton_missing():
+        from kata.given import launch
+        assert launch.interpreted() == interpreted
+    assert words in mode.why and mode.label == ("in Triton's interpreter on the CPU" if interpreted
+                                                else "compiled on the GPU")
+
+
+GPU_WITH_THE_VARIABLE = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, "tests")
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_name = lambda *a: "NVIDIA H200"
+torch.cuda.get_device_capability = lambda *a: (9, 0)
+import triton_helpers
+from kata.given import launch, tiles
+from kata.grader.triton_probe import probe
+seen = dict(device=triton_helpers.DEVICE, interpreted=triton_helpers.INTERPRETED, given=launch.interpreted(),
+            variable=os.environ.get("TRITON_INTERPRET"), jit=type(tiles.row_ptrs).__name__)
+os.environ["TRITON_INTERPRET"] = "1"  # as doctor's probe process finds it
+print(json.dumps(dict(seen, probe=probe())))
+"""
+
+
+def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
+    """On a (faked) GPU with TRITON_INTERPRET=1 exported: the tests' device, kata/given's launch code,
+    Triton itself and doctor's probe all run compiled, the probe saying the variable was overridden."""
+    pytest.importorskip("torch")
+    if why := gpu.triton_missing():
+        pytest.skip(why)
+    done = subprocess.run([sys.executable, "-c", GPU_WITH_THE_VARIABLE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert (seen["device"], seen["interpreted"], seen["given"], seen["variable"], seen["jit"]) == (
+        "cuda", False, False, None, "JITFunction")
+    probe = seen["probe"]
+    assert probe["mode"] == "compiled on the GPU" and "TRITON_INTERPRET=1, exported in this shell, is overridden" in \
+        probe["why"]
+    assert not probe["ok"] and "loaded" not in probe["error"]  # got as far as CUDA tensors: there is no GPU here

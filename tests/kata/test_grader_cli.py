@@ -1,9 +1,12 @@
 """The grader's flags and commands, each run as a learner runs it, on a copy of the kata."""
 import json
+import re
 import shutil
 
 import pytest
 from grader_repo import SOLUTION, grader, make_repo, snapshot, write_fake
+
+from kata.gpu import triton_missing
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,17 @@ def test_bench_is_handed_the_target_and_its_flags(repo):
 
 
 def test_doctor_names_versions_and_runs_a_kernel(repo):
-    done = grader(repo, "doctor", timeout=200)
-    for word in ("Python", "numpy", "torch", "triton", "platform", "GPU", "Triton kernel"):
+    """With TRITON_INTERPRET=1 exported, as Triton's tutorials say: doctor says how the kernels run and
+    what became of the variable (honoured on the CPU, overridden on a GPU), and runs a kernel so.
+    Without Triton: no kernel, and the Triton exercises named as skipped."""
+    done = grader(repo, "doctor", timeout=200, env={"TRITON_INTERPRET": "1"})
+    for word in ("Python", "numpy", "torch", "triton", "platform", "GPU"):
         assert word in done.stdout, done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+    if triton_missing():
+        assert "06, 09, 10 and 13 are skipped" in done.stdout and "Triton kernel" not in done.stdout, done.stdout
+        return
+    mode = next(line for line in done.stdout.splitlines() if line.startswith("Triton mode"))
+    assert re.search(r"(on the CPU: .* is honoured|compiled on the GPU: .* is overridden)", mode), mode
+    assert re.search(r"Triton kernel +a tiny kernel, (in Triton's interpreter on the CPU|compiled on the GPU): works",
+                     done.stdout), done.stdout

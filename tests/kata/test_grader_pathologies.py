@@ -28,7 +28,7 @@ def broken_at_import(tmp_path_factory):
         "03": stub_plus("import sys\nsys.exit(3)"),
         "04": stub_plus("import os\nos._exit(7)"),
         "05": stub_plus("print('x' * 5_000_000)"),
-        "06": stub_plus("import no_such_module"),
+        "07": stub_plus("import no_such_module"),
     })
     before = snapshot(root / "exercises")
     done = grader(root, "--json", "--timeout", "3")
@@ -44,7 +44,7 @@ def test_each_import_pathology_is_named_and_located(broken_at_import):
     _, _, done = broken_at_import
     assert done.returncode == 1, done.stderr
     rows = by_number(done)
-    assert [rows[n]["status"] for n in ("01", "02", "03", "04", "05", "06")] == [
+    assert [rows[n]["status"] for n in ("01", "02", "03", "04", "05", "07")] == [
         "crashed", "timed out", "crashed", "crashed", "not started", "crashed"]
     assert rows["01"]["first_failure"]["message"].startswith("SyntaxError")
     last_line = stub_plus("x").count("\n")
@@ -53,7 +53,7 @@ def test_each_import_pathology_is_named_and_located(broken_at_import):
     assert rows["02"]["first_failure"]["location"].startswith("exercises/02_online_softmax.py:")
     assert "sys.exit(3)" in rows["03"]["first_failure"]["message"]
     assert "died (exit code 7)" in rows["04"]["first_failure"]["message"]
-    assert "No module named 'no_such_module'" in rows["06"]["first_failure"]["message"]
+    assert "No module named 'no_such_module'" in rows["07"]["first_failure"]["message"]
 
 
 def test_megabytes_of_printing_are_cut(broken_at_import):
@@ -82,15 +82,15 @@ def test_failures_at_run_time_are_reported_in_one_screen(tmp_path):
         "05": None,
         "07": SOLUTION,
     })
-    write_fake(root, "06", SOLUTION, test=SKIPPING_TEST)
+    write_fake(root, "11", SOLUTION, test=SKIPPING_TEST)
     done = grader(root, "--timeout", "3")
     out = done.stdout
     assert done.returncode == 1 and "Traceback" not in out + done.stderr, out + done.stderr
     rows = {line[:2]: " ".join(line.split()[2:]) for line in out.splitlines() if line[:2].isdigit()}
     for number, words in {"01": "crashed -", "02": "timed out -", "03": "passed 1/1", "04": "failing 0/1",
-                          "05": "not started -", "06": "passed 1/1", "07": "passed 1/1"}.items():
+                          "05": "not started -", "07": "passed 1/1", "11": "passed 1/1"}.items():
         assert rows[number].startswith(words), out
-    assert "1 skipped: no CUDA GPU" in rows["06"]
+    assert "1 skipped: no CUDA GPU" in rows["11"]
     assert f"]  3 of {len(EXERCISES)} exercises passed" in out
     assert "Next: 01 safe_softmax, softmax without overflow (crashed)\n  open exercises/01_safe_softmax.py" in out
     assert "RuntimeError: boom at import" in out
@@ -117,8 +117,8 @@ def test_test_processes_run_one_thread_each(tmp_path):
     test processes' OMP_NUM_THREADS gives each forked test a thread per core, spinning against the
     other test processes."""
     root = make_repo(tmp_path, real=(), fake={})
-    for number in ("06", "07"):  # two whose tests import torch: both forked from the server
+    for number in ("07", "11"):  # two whose tests import torch: both forked from the server
         write_fake(root, number, SOLUTION, test=ONE_THREAD_TEST)
     done = grader(root, "--json", "--timeout", "20")
-    statuses = {number: by_number(done)[number]["status"] for number in ("06", "07")}
-    assert statuses == {"06": "passed", "07": "passed"}, done.stdout + done.stderr
+    statuses = {number: by_number(done)[number]["status"] for number in ("07", "11")}
+    assert statuses == {"07": "passed", "11": "passed"}, done.stdout + done.stderr

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kata.grader import progress, reset, runner
+from kata import gpu
+from kata.grader import progress, reset
 from kata.exercises import EXERCISES, ROOT, format_numbers, numbers_where
 from kata.grader.pytest_plugin import cap
 from kata.unfinished import mentions_not_implemented
@@ -121,11 +122,11 @@ def test_two_backups_in_the_same_second_get_two_names(tmp_path, monkeypatch):
 
 
 def test_without_triton_the_kernel_exercise_is_skipped_with_a_reason(monkeypatch):
-    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert runner.triton_missing() == "Triton needs Linux"
+    assert gpu.triton_missing() == "Triton needs Linux"
     monkeypatch.setattr(sys, "platform", "linux")
-    assert runner.triton_missing() == "Triton is not installed"
+    assert gpu.triton_missing() == "Triton is not installed"
 
 
 def test_failure_of_a_test_keeps_its_printed_output():
