@@ -25,12 +25,15 @@ import oracles
 from checks import assert_unmodified
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
-from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
+import bounds_check  # noqa: E402 - only once torch is known to import
+from oracles_torch import attention_grads  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
                             low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
+from requires_grad import FROZEN, check_frozen  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs, large_d_inputs  # noqa: E402
 from training import TRAIN, check_training  # noqa: E402
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
@@ -52,6 +55,8 @@ WALK = ("per query block i the forward and dQ walk full_kv_indices[i, :full_kv_n
         "full_q_indices[j]; the mask applies on partial tiles")
 MASKED_ROW = ("a row no key may attend gives o = 0 and zero gradients, never NaN: subtract 0 while m is -inf, "
               "and zero P with tl.where (lse = -inf makes P = inf there), never a product with the mask")
+PAST_COUNT = ("entries past a count are garbage, and past a list's last row lies the end of its tensor: no "
+              "kernel reads them (mask the load of the walk's next entry to the walk, e < n_full + n_partial)")
 UNREAD = ("NaN fills the K, V of key blocks no query block lists, the Q, dO of query blocks no key block lists, and "
           "the blocks named by entries past each count: a NaN means such a tile was read (never read past "
           "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j])")
@@ -135,8 +140,9 @@ def check_lists(bm, partial, full, what):
 
 def with_garbage(bm, partial, full, rng):
     """bm with every entry past each count overwritten: by a block nobody lists (its rows hold NaN)
-    where there is one, else by a block the row does list (read twice, it counts twice); and its
-    program orders shuffled: any order gives the same answer, but a kernel that takes its lists from
+    where there is one, else by a block the row does list (read twice, it counts twice); each index
+    tensor the start of a buffer one row longer, so that a read past its end reads garbage too (and,
+    in the interpreter, is named: past_counts); and its program orders shuffled: any order gives the same answer, but a kernel that takes its lists from
     the order and its rows from the program's number does not (the given orders of causal-like masks
     on the CPU's sizes put key block 0 first, as the program numbers do)."""
     listed = partial | full
@@ -144,17 +150,36 @@ def with_garbage(bm, partial, full, rng):
     lists = {"query": listed, "key": listed.T}
     changes = {}
     for counts, indices, _, per in LIST_NAMES:
-        idx = getattr(bm, indices).cpu().clone()
-        for b in range(idx.shape[0]):
-            pool = dead[per] if len(dead[per]) else torch.nonzero(lists[per][b]).flatten()
-            pool = pool if len(pool) else torch.arange(idx.shape[1])
-            past = int(getattr(bm, counts)[b])
-            idx[b, past:] = pool[torch.from_numpy(rng.integers(len(pool), size=idx.shape[1] - past))].to(idx.dtype)
-        changes[indices] = idx.to(getattr(bm, indices).device).contiguous()
+        rows, blocks = getattr(bm, indices).shape
+        idx = torch.cat([getattr(bm, indices).cpu(), torch.zeros(1, blocks, dtype=getattr(bm, indices).dtype)])
+        for b in range(rows + 1):
+            pool = dead[per] if len(dead[per]) else torch.nonzero(lists[per][min(b, rows - 1)]).flatten()
+            pool = pool if len(pool) else torch.arange(blocks)
+            past = int(getattr(bm, counts)[b]) if b < rows else 0
+            idx[b, past:] = pool[torch.from_numpy(rng.integers(len(pool), size=blocks - past))].to(idx.dtype)
+        changes[indices] = idx.to(getattr(bm, indices).device)[:rows]
     for order in ("kv_order", "q_order"):
         blocks = getattr(bm, order)
         changes[order] = blocks[torch.from_numpy(rng.permutation(len(blocks))).to(blocks.device)].contiguous()
     return dataclasses.replace(bm, **changes)
+
+
+def past_counts(bm):
+    """(start, stop, describe) byte ranges of every list entry past its count and of the row past each
+    index tensor's end (with_garbage's), for bounds_check.watch: no kernel may read them."""
+    ranges = []
+    for counts, indices, _, _ in LIST_NAMES:
+        idx, n = getattr(bm, indices), getattr(bm, counts).tolist()
+        rows, blocks = idx.shape
+        base, size = idx.data_ptr(), idx.element_size()
+
+        def describe(address, indices=indices, counts=counts, n=n, rows=rows, blocks=blocks, base=base, size=size):
+            row, entry = divmod((address - base) // size, blocks)
+            return (f"{indices}[{row}, {entry}], past {counts}[{row}] = {n[row]}" if row < rows else
+                    f"past the end of {indices} ({rows}, {blocks})")
+        ranges += [(base + (row * blocks + count) * size, base + (row + 1) * blocks * size, describe)
+                   for row, count in enumerate(n + [0]) if count < blocks]
+    return ranges
 
 
 def poison_unlisted(q, k, v, do, partial, full, block_q, block_k):
@@ -178,6 +203,16 @@ def run(ex, q, k, v, do, bm, mask, scale=None):
     """o and (dq, dk, dv) from the kernels; a stubbed kernel body surfaces as NotImplementedError."""
     kwargs = {} if scale is None else {"scale": scale}
     return forward_backward(lambda *t: ex.block_sparse_attention(*t, bm, mask, **kwargs), q, k, v, do)
+
+
+def run_watched(ex, q, k, v, do, bm, mask, scale, what):
+    """run, with every address the interpreter's kernels load or store checked (tests/bounds_check.py):
+    no list entry past its count (past_counts), nothing outside the tensors a launch was given."""
+    __tracebackhide__ = True
+    if not (INTERPRETED and bounds_check.available()):
+        return run(ex, q, k, v, do, bm, mask, scale)
+    with bounds_check.watch(past_counts(bm), what, PAST_COUNT, {k: f"{name} ({k})" for k, (name, _) in KERNELS.items()}):
+        return run(ex, q, k, v, do, bm, mask, scale)
 
 
 def build(ex, case, n_q, n_k, block_q, block_k):
@@ -208,7 +243,7 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     what = (f"block_sparse_attention(q {tuple(q.shape)} {str(q.dtype)[6:]}, k/v {tuple(k.shape)}, {case.label}, "
             f"block_q={block_q}, block_k={block_k}{''.join(', ' + n for n in notes)}).backward(do)")
     before = [t.clone() for t in (q, k, v, do)]
-    o, grads = run(ex, q, k, v, do, bm, mask, scale)
+    o, grads = run_watched(ex, q, k, v, do, bm, mask, scale, what)
     for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
         assert_unmodified(as_numpy(t0), as_numpy(t), label, what)
     clean_do = do.nan_to_num()  # NaN only in query blocks none lists: o = 0 there, and no gradient flows
@@ -426,6 +461,67 @@ def test_lse_stays_float32_under_float16_inputs(ex, rng):
                       "as in 06 and 09")
 
 
+def test_d_stays_float32_under_float16_inputs(ex, rng):
+    """D = rowsum(dO ∘ O) made in float16 (o * do summed in the inputs' dtype): rows whose dO ∘ O sums
+    to about 1000 (large_d_inputs) get D off by up to 0.5, and dS = P ∘ (dP − D), dQ with it. On a GPU the
+    sum rounds at every step of its tree; the interpreter rounds once, and still shows it here."""
+    check(ex, rng, causal(), *large_d_inputs(rng, 1, 1, 40, 40, 64), 16, 16, tol=3e-2,
+          convention="D = rowsum(dO ∘ O) in float32: O and dO upcast before the product, as dQ's TODO says; "
+                     "here every row's D is near 1000, where float16 steps by 1")
+
+
+def test_dv_summed_in_float32_across_query_tiles(ex, rng):
+    """Each query tile's Pᵀ dO rounded to the inputs' dtype before it joins dV (dv += tl.dot(...).to(...)):
+    here (cancelling_dv_inputs) key 0's tile products, near ±1024, cancel to a dV near 8, and each
+    rounding to float16 is off by up to 0.5."""
+    check(ex, rng, causal(), *cancelling_dv_inputs(rng, 1, 1, 64, 40, 16), 32, 16,
+          convention="dV = Σ over query tiles of Pᵀ dO, summed in float32 (tl.dot's accumulator argument) and "
+                     "rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
+                     "every 16 rows")
+
+
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_gradients_of_frozen_and_trained_inputs(ex, rng, frozen):
+    """The backward deciding whether a gradient is wanted from the wrong input (dV from k's
+    requires_grad, say): frozen keys with trained values (or another mix) lose a gradient, or get one
+    they did not ask for."""
+    q, k, v, do = qkv_do(rng, 1, 1, 30, 41, 16)
+    mask, bm, allowed, *_ = build(ex, window(9), 30, 41, 16, 32)
+    _, expected = attention_grads(q, k, v, do, keep=allowed)
+    check_frozen(lambda *t: ex.block_sparse_attention(*t, bm, mask), q, k, v, do, frozen, expected,
+                 "block_sparse_attention(q (1, 1, 30, 16), k/v (1, 1, 41, 16), sliding_window(9))",
+                 tolerance(q.dtype, BACKWARD_TOL), FORMULAS)
+
+
+DO_LAYOUTS = {  # (B, H, n_q, D) = (1, 2, 20, 16): dO as autograd may hand it to the backward
+    "rows-68-bytes-apart": lambda rng: randn(rng, 1, 2, 20, 17)[..., :16],
+    "starting-4-bytes-in": lambda rng: randn(rng, 2 * 20 * 16 + 1)[1:].view(1, 2, 20, 16),
+    "expanded-over-heads-and-rows": lambda rng: randn(rng, 1, 1, 1, 16).expand(1, 2, 20, 16),
+    "one-value-expanded": lambda rng: randn(rng, 1).reshape(()).expand(1, 2, 20, 16),
+}
+
+
+@pytest.mark.parametrize("layout", DO_LAYOUTS)
+def test_output_gradient_in_any_layout(ex, rng, layout):
+    """dO described for the tile copies as it comes (tiles.tma_aligned left out): a TMA copy needs a
+    start and strides that are multiples of 16 bytes, so a grad_output sliced from a wider tensor, or
+    starting 4 bytes into its buffer, is refused; an expanded one (strides of 0, as o.sum() gives) is
+    read as it is. Passed as o.backward(dO) itself: a copy would lay it out anew."""
+    q, k, v = randn(rng, 1, 2, 20, 16), randn(rng, 1, 2, 29, 16), randn(rng, 1, 2, 29, 16)
+    do = DO_LAYOUTS[layout](rng)
+    mask, bm, allowed, *_ = build(ex, window(12), 20, 29, 16, 16)
+    what = (f"block_sparse_attention(q (1, 2, 20, 16), k/v (1, 2, 29, 16), sliding_window(12)).backward(dO {layout}, "
+            f"strides {do.stride()})")
+    convention = "dO is laid out for its descriptor as q, k and v are: tiles.tma_aligned(dO), given, copies it if it must"
+    try:
+        o, grads = run(ex, q, k, v, do, bm, mask)
+    except AssertionError as refused:  # TensorDescriptor's own checks of a start or a stride
+        raise AssertionError(f"{what}: {refused}\n  convention: {convention}") from None
+    o_ref, grads_ref = attention_grads(q, k, v, do, keep=allowed)
+    check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), (None,) * 4),
+                  tolerance(q.dtype, BACKWARD_TOL), convention)
+
+
 # ---- which tiles each kernel masks ----------------------------------------------------------------
 
 STAGES = ("each tile of a partial block, or of a full block the array's end cuts, is masked once, through "
@@ -522,14 +618,25 @@ def bad_inputs(ex):
                            "Mask")
     cases["mask-without-order"] = (lambda q, k: dict(q=q, k=k, v=k, block_mask=dataclasses.replace(bm, q_order=None),
                                                      mask=ex.causal), "order")
+    for case, name, change in (("count-past-the-blocks", "kv_num_blocks", lambda t: t + 5),
+                               ("index-outside-the-blocks", "kv_indices", lambda t: t - 7)):
+        cases[case] = (lambda q, k, name=name, change=change: dict(
+            q=q, k=k, v=k, block_mask=dataclasses.replace(bm, **{name: change(getattr(bm, name))}), mask=ex.causal), name)
     return cases
 
 
+CHECKED_IN_THE_INTERPRETER = ("count-past-the-blocks", "index-outside-the-blocks")  # a copy to the host: not on a GPU
+
+
 @pytest.mark.given
-@pytest.mark.parametrize("case", [*WRAPPER_BAD_INPUTS, "mask-for-other-sizes", "not-a-mask", "mask-without-order"])
+@pytest.mark.parametrize("case", [*WRAPPER_BAD_INPUTS, "mask-for-other-sizes", "not-a-mask", "mask-without-order",
+                                  *CHECKED_IN_THE_INTERPRETER])
 def test_bad_inputs_raise_value_error_before_launch(ex, rng, case):
     """The wrapper names the problem (shape, dtype, device, head dim, scale, a block mask built for other
-    sizes or by hand, without the programs' order, a mask that is not a Mask) before any launch."""
+    sizes or by hand, without the programs' order, a mask that is not a Mask; in the interpreter a count
+    or a listed block out of range, which would read the process's memory) before any launch."""
+    if case in CHECKED_IN_THE_INTERPRETER and not INTERPRETED:
+        pytest.skip("the lists' counts and blocks are checked in the interpreter only")
     build_kwargs, words = bad_inputs(ex)[case]
     with pytest.raises(ValueError, match=words):
         ex.block_sparse_attention(**build_kwargs(*small_qk(rng)))

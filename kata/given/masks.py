@@ -63,8 +63,8 @@ def ragged(block_mask: BlockMask) -> bool:
 def ends_ragged(indices, count, n, BLOCK: tl.constexpr):
     """1 when the last of the `count` blocks listed at `indices` is cut by the array's end (n rows
     in blocks of BLOCK), else 0: lists ascend, so only their last block can be."""
-    last = tl.load(indices + tl.maximum(count - 1, 0))
-    return ((count > 0) & (n % BLOCK != 0) & (last == (n - 1) // BLOCK)).to(tl.int32)
+    last = tl.load(indices + tl.maximum(count - 1, 0), mask=count > 0, other=-1)  # an empty list: no entry is read
+    return ((n % BLOCK != 0) & (last == (n - 1) // BLOCK)).to(tl.int32)
 
 
 @triton.jit
@@ -139,3 +139,31 @@ def check_block_mask(block_mask: BlockMask, q: torch.Tensor, k: torch.Tensor) ->
                          "block_mask(mask, n_q, n_k, block_q, block_k)")
     if block_mask.kv_indices.device != q.device:
         raise ValueError(f"the block mask is on {block_mask.kv_indices.device}, q on {q.device}")
+    if interpreted():  # a count or index out of range makes the interpreter read the process's own memory
+        check_lists(block_mask)
+
+
+def check_lists(block_mask: BlockMask) -> None:
+    """Raise ValueError naming the first count outside [0, T], listed block outside [0, T) or order
+    entry outside its blocks, T the blocks of the axis a list walks: a kernel would read past its
+    tensors with it (a crash, or a loop over garbage). Costs a copy to the host: run under the interpreter."""
+    t_r, t_c = triton.cdiv(block_mask.n_q, block_mask.block_q), triton.cdiv(block_mask.n_k, block_mask.block_k)
+    lists = [("kv_num_blocks", "kv_indices", t_r, t_c), ("full_kv_num_blocks", "full_kv_indices", t_r, t_c),
+             ("q_num_blocks", "q_indices", t_c, t_r), ("full_q_num_blocks", "full_q_indices", t_c, t_r)]
+    for counts_name, indices_name, rows, blocks in lists:
+        counts, indices = getattr(block_mask, counts_name).cpu(), getattr(block_mask, indices_name).cpu()
+        if tuple(counts.shape) != (rows,) or tuple(indices.shape) != (rows, blocks):
+            raise ValueError(f"block mask: {counts_name} {tuple(counts.shape)} and {indices_name} "
+                             f"{tuple(indices.shape)}, expected ({rows},) and ({rows}, {blocks})")
+        for row, count in enumerate(counts.tolist()):
+            if not 0 <= count <= blocks:
+                raise ValueError(f"block mask: {counts_name}[{row}] = {count}, outside [0, {blocks}]: a count "
+                                 f"lies between 0 and the {blocks} blocks a list may name")
+            listed = indices[row, :count].tolist()
+            if any(not 0 <= block < blocks for block in listed):
+                raise ValueError(f"block mask: {indices_name}[{row}, :{count}] = {listed} names a block "
+                                 f"outside [0, {blocks})")
+    for order_name, blocks in (("kv_order", t_r), ("q_order", t_c)):
+        order = getattr(block_mask, order_name).cpu()
+        if tuple(order.shape) != (blocks,) or order.min() < 0 or order.max() >= blocks:
+            raise ValueError(f"block mask: {order_name} {order.tolist()} must hold {blocks} blocks of [0, {blocks})")

@@ -81,10 +81,12 @@ def load_stats(desc, b, h, start, ROWS: tl.constexpr):
 
 def tma_aligned(t: torch.Tensor) -> torch.Tensor:
     """t itself when a TMA copy can read it (last axis contiguous; every other stride, and the start,
-    a multiple of 16 bytes), else a copy in fresh memory, which is. TensorDescriptor refuses any other
-    layout, on the GPU and in the interpreter alike."""
+    a multiple of 16 bytes; no stride of 0, as an expanded tensor has, on an axis longer than 1), else a
+    copy in fresh memory, which is. TensorDescriptor refuses any other layout, on the GPU and in the
+    interpreter alike."""
     aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+        stride * t.element_size() % 16 == 0 and (stride > 0 or size == 1)
+        for stride, size in zip(t.stride()[:-1], t.shape[:-1]))
     return t if aligned else t.clone(memory_format=torch.contiguous_format)
 
 
