@@ -19,6 +19,8 @@ from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, KV_LAYOUTS, WRAPPER_BA
                             assert_called, check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu, interpreted_only,
                             kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
                             qkv_do, randn, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
+from requires_grad import FROZEN, check_frozen  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs, large_d_inputs  # noqa: E402
 from training import check_training  # noqa: E402
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
@@ -171,6 +173,35 @@ def test_float16_in_the_interpreter(ex, rng, causal):
 
 STAGES = ("only the tiles the causal diagonal or the ragged end of the walked array cuts run MASKED; the others "
           "load without bounds checks and skip the causal tl.where")
+
+
+def test_d_stays_float32_under_float16_inputs(ex, rng):
+    """D = rowsum(dO ∘ O) made in float16 (o * do summed in the inputs' dtype): rows whose dO ∘ O sums
+    to about 1000 (large_d_inputs) get D off by up to 0.5, and dS = P ∘ (dP − D), dQ with it."""
+    check(ex, *large_d_inputs(rng, 1, 1, 40, 40, 64), causal=True, tol=3e-2,
+          convention="D = rowsum(dO ∘ O) in float32: O and dO upcast before the product; here every row's D "
+                     "is near 1000, where float16 steps by 1")
+
+
+def test_dv_summed_in_float32_across_query_tiles(ex, rng):
+    """Each query tile's Pᵀ dO rounded to the inputs' dtype before it joins dV (dv += tl.dot(...).to(...)):
+    here (cancelling_dv_inputs) key 0's tile products, near ±1024, cancel to a dV near 8, and each
+    rounding to float16 is off by up to 0.5."""
+    check(ex, *cancelling_dv_inputs(rng, 1, 1, 64, 40, 16), causal=True,
+          convention="dV = Σ over query tiles of Pᵀ dO, summed in float32 (tl.dot's accumulator argument) and "
+                     "rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
+                     "every 16 rows")
+
+
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_gradients_of_frozen_and_trained_inputs(ex, rng, frozen):
+    """The backward deciding whether a gradient is wanted from the wrong input (dV from k's
+    requires_grad, say): frozen keys with trained values (or another mix) lose a gradient, or get one
+    they did not ask for."""
+    q, k, v, do = qkv_do(rng, 1, 1, 30, 41, 16)
+    _, expected = attention_grads(q, k, v, do, causal=True)
+    check_frozen(partial(ex.flash_attention, causal=True), q, k, v, do, frozen, expected, name(q, k, causal=True),
+                 tolerance(q.dtype, BACKWARD_TOL), FORMULAS)
 
 
 @interpreted_only
