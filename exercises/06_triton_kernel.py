@@ -39,7 +39,9 @@ Conventions
       l = 0: o = 0 and lse = -inf, never NaN.
     - The wrapper zero-pads D to a power of two (tl.arange and every block shape need one), at
       least 16 (tl.dot's inner dimension, for float16 and bfloat16): zero columns change no score.
-    - float32 inputs multiply in tf32 on a GPU (Triton's default for tl.dot).
+    - float32 multiplies in full float32 on a GPU, as torch's matmuls do, unless the user asked torch
+      for TF32 (Triton's default): every tl.dot takes input_precision=PRECISION, which the wrapper
+      sets from torch's setting (kata/given/precision.py).
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernel on the CPU, one program at a time, in
       float32 and float16 with small tiles (32 x 16); the tests also compile it for Ampere and Hopper
       in float16, bfloat16 and float32, where a module global read inside @triton.jit or tl.dot of mixed
@@ -51,6 +53,7 @@ Given (kata/given/, read it: it is part of the lesson)
     inputs.py   check_inputs: the wrapper's ValueErrors, raised before anything is launched
     launch.py   the grid (one program per query block and batch·head, all on axis 0), fixed tiles
                 for small problems, autotuning over TUNING for large ones
+    precision.py  dot_precision(dtype): tl.dot's input_precision, from torch's float32 matmul setting
 """
 import math
 
@@ -61,6 +64,7 @@ import triton.language as tl
 from kata.given import tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, autotuned, interpreted, launch
+from kata.given.precision import dot_precision
 
 TUNING = [  # on an H200 in bfloat16, 128 x 64 with 8 warps wins most cells; 64 x 64 wins causal N <= 2048
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
@@ -72,16 +76,18 @@ TUNING = [  # on an H200 in bfloat16, 128 x 64 with 8 warps wins most cells; 64 
 
 @triton.jit
 def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
     acc (BLOCK_M, HEAD_DIM), l and m (BLOCK_M,): float32 state, m in base-2 units.
     q (BLOCK_M, HEAD_DIM); k_ptrs, v_ptrs point at keys 0..BLOCK_N-1; rows: the block's query indices.
-    MASKED: mask keys at or past n_keys, and (CAUSAL) keys after the query. Returns acc, l, m.
+    MASKED: mask keys at or past n_keys, and (CAUSAL) keys after the query. PRECISION: tl.dot's
+    input_precision ("ieee", or "tf32" where torch was asked for it). Returns acc, l, m.
     Exercise 10 folds its chunks of keys with this loop too (solved), with CAUSAL False.
     """
     # TODO: for each tile start in range(lo, hi, BLOCK_N): load K and V, score s = q @ k^T, apply the
-    #       mask when MASKED, update m, l and acc as in the module docstring.
+    #       mask when MASKED, update m, l and acc as in the module docstring. Every tl.dot takes
+    #       input_precision=PRECISION: float32 in full unless torch was asked for TF32.
     raise NotImplementedError("attn_tiles: replace this line with your code")
 
 
@@ -90,15 +96,16 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: one query block of one (batch, head), both taken from the 1-D program id.
 
     Q, O (B, H, n_q, HEAD_DIM); K, V (B, H, n_k, HEAD_DIM), last axis contiguous; LSE (B, H, n_q)
-    contiguous float32; KV_LENS (B,) int32 or None. qk_scale = scale * log2(e).
+    contiguous float32; KV_LENS (B,) int32 or None. qk_scale = scale * log2(e). PRECISION: see attn_tiles.
     """
     # TODO: program p owns (batch·head) p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M);
     #       load its Q tile once; run stage 1 (unmasked tiles) and stage 2 (masked tiles) through
-    #       attn_tiles; write o = acc / l and lse, with l = 0 giving o = 0, lse = -inf.
+    #       attn_tiles (passing PRECISION on); write o = acc / l and lse, with l = 0 giving o = 0, lse = -inf.
     raise NotImplementedError("_attn_fwd: replace this line with your code")
 
 
@@ -130,5 +137,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     args = (q, k, v, o, lse, kv_lens, scale * LOG2E,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, n_q, n_k)
     launch(_attn_fwd, _attn_fwd_tuned, args, rows=n_q, block="BLOCK_M", batch_heads=B * H,
-           scores=B * H * n_q * n_k, fixed=_fixed_config(width), HEAD_DIM=width, CAUSAL=bool(causal))
+           scores=B * H * n_q * n_k, fixed=_fixed_config(width), HEAD_DIM=width, CAUSAL=bool(causal),
+           PRECISION=dot_precision(q.dtype))
     return o[..., :D], lse

@@ -59,6 +59,8 @@ Conventions
     - q (B, H, n_q, D), k and v (B, H, n_k, D): float16, bfloat16 or float32, one device, D <= 256;
       any n_q, n_k >= 1. flash_attention returns o only; its gradients have their input's dtype.
     - Sums (dK_j, dV_j, dQ_i, D) are float32; P and dS are cast to the input dtype for tl.dot.
+    - As in 06, every tl.dot takes input_precision=PRECISION: float32 in full unless torch was asked
+      for TF32 (kata/given/precision.py).
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU in float32 and float16,
       with small tiles (16 and 32); the tests also compile them for Ampere and Hopper in float16,
       bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the tuned tiles, thousands of
@@ -69,6 +71,7 @@ Given (kata/given/)
     tiles.py    tiles.row_ptrs and tiles.load_rows for your kernels, as in 06; the head-dim padding
     inputs.py   check_inputs: 06's ValueErrors (there is no kv_lens here)
     launch.py   the grid, fixed tiles for small problems, autotuning; the backward's tile sizes
+    precision.py  dot_precision(dtype): tl.dot's input_precision, as in 06
 """
 import math
 
@@ -79,6 +82,7 @@ import triton.language as tl
 from kata.given import tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, TUNING_DKDV, TUNING_DQ, autotuned, backward_tiles, launch
+from kata.given.precision import dot_precision
 from kata.given.solved import solved
 
 flash_forward = solved("06").flash_attention  # (o, lse): exercise 06's kernel, autotuned as there
@@ -101,16 +105,19 @@ def _bwd_delta(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                PRECISION: tl.constexpr):
     """Add query tiles [lo, hi) into the float32 sums dk, dv (BLOCK_N, HEAD_DIM) of one key block.
 
     k, v (BLOCK_N, HEAD_DIM) on chip; keys: their indices. q_ptrs, do_ptrs point at query rows
     0..BLOCK_M-1 of this (batch, head); LSE, DELTA at its first row. MASKED: rows at or past n_q
-    load as 0, and (CAUSAL) Pᵀ is 0 where key > query. Returns dk, dv, not yet times scale.
+    load as 0, and (CAUSAL) Pᵀ is 0 where key > query. PRECISION: tl.dot's input_precision, as in
+    06. Returns dk, dv, not yet times scale.
     """
     # TODO: for each tile start in range(lo, hi, BLOCK_M): load Q, dO, lse and D of its rows;
     #       Sᵀ = k @ qᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse·log2 e) (masked when MASKED and CAUSAL);
-    #       dv += Pᵀ @ dO; dPᵀ = v @ dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ @ q.
+    #       dv += Pᵀ @ dO; dPᵀ = v @ dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ @ q. Every tl.dot takes
+    #       input_precision=PRECISION (float32 in full unless torch was asked for TF32).
     raise NotImplementedError("_dkdv_tiles: replace this line with your code")
 
 
@@ -120,7 +127,8 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: dK and dV of one key block (BLOCK_N keys) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_k, BLOCK_N) and key block p % cdiv(n_k, BLOCK_N). LSE and
@@ -129,22 +137,22 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     # TODO: load K_j and V_j once (keys past n_k masked); choose the query tiles that attend this
     #       key block (causal: from the tile holding query start_n on; the tiles that reach keys
     #       past the query are MASKED, so is the ragged last tile); run _dkdv_tiles over each
-    #       range; store dk·scale and dv for keys < n_k.
+    #       range (passing PRECISION on); store dk·scale and dv for keys < n_k.
     raise NotImplementedError("_bwd_dkdv: replace this line with your code")
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, n_k, qk_scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Add key tiles [lo, hi) into the float32 sum dq (BLOCK_M, HEAD_DIM) of one query block.
 
     q, do (BLOCK_M, HEAD_DIM), lse2 = lse · log2(e) and delta (BLOCK_M,) on chip; rows: their
     indices. k_ptrs, v_ptrs point at keys 0..BLOCK_N-1. MASKED: keys at or past n_k load as 0,
-    and (CAUSAL) P is 0 where key > query. Returns dq, not yet times scale.
+    and (CAUSAL) P is 0 where key > query. PRECISION as in _dkdv_tiles. Returns dq, not yet times scale.
     """
     # TODO: for each tile start in range(lo, hi, BLOCK_N): load K and V; S = q @ kᵀ,
     #       P = exp2(S·qk_scale − lse2) (masked when MASKED and CAUSAL); dP = do @ vᵀ;
-    #       dS = P ∘ (dP − delta); dq += dS @ k.
+    #       dS = P ∘ (dP − delta); dq += dS @ k. Every tl.dot takes input_precision=PRECISION.
     raise NotImplementedError("_dq_tiles: replace this line with your code")
 
 
@@ -154,7 +162,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             H, n_q, n_k,
-            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            PRECISION: tl.constexpr):
     """One program: dQ of one query block (BLOCK_M rows) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M)
@@ -162,7 +171,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     """
     # TODO: load this block's Q, dO, lse and D once (rows past n_q masked); walk the key tiles as
     #       06's forward does (stage 1 unmasked up to `full`, stage 2 MASKED up to `hi`) with
-    #       _dq_tiles; store dq·scale for rows < n_q.
+    #       _dq_tiles (passing PRECISION on); store dq·scale for rows < n_q.
     raise NotImplementedError("_bwd_dq: replace this line with your code")
 
 
@@ -198,7 +207,8 @@ class FlashAttention(torch.autograd.Function):
                                                        HEAD_DIM=width, BLOCK_M=block)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-        sizes = dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=ctx.causal)
+        sizes = dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=ctx.causal,
+                     PRECISION=dot_precision(q.dtype))
         launch(_bwd_dkdv, _bwd_dkdv_tuned, (q, k, v, do, dk, dv, lse, delta, scale * LOG2E, scale, *strides,
                                             *dk.stride()[:3], *dv.stride()[:3], H, n_q, n_k),
                rows=n_k, block="BLOCK_N", fixed=fixed["dkdv"], **sizes)

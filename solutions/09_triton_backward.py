@@ -59,6 +59,8 @@ Conventions
     - q (B, H, n_q, D), k and v (B, H, n_k, D): float16, bfloat16 or float32, one device, D <= 256;
       any n_q, n_k >= 1. flash_attention returns o only; its gradients have their input's dtype.
     - Sums (dK_j, dV_j, dQ_i, D) are float32; P and dS are cast to the input dtype for tl.dot.
+    - As in 06, every tl.dot takes input_precision=PRECISION: float32 in full unless torch was asked
+      for TF32 (kata/given/precision.py).
     - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU in float32 and float16,
       with small tiles (16 and 32); the tests also compile them for Ampere and Hopper in float16,
       bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the tuned tiles, thousands of
@@ -69,6 +71,7 @@ Given (kata/given/)
     tiles.py    tiles.row_ptrs and tiles.load_rows for your kernels, as in 06; the head-dim padding
     inputs.py   check_inputs: 06's ValueErrors (there is no kv_lens here)
     launch.py   the grid, fixed tiles for small problems, autotuning; the backward's tile sizes
+    precision.py  dot_precision(dtype): tl.dot's input_precision, as in 06
 """
 import math
 
@@ -79,6 +82,7 @@ import triton.language as tl
 from kata.given import tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, TUNING_DKDV, TUNING_DQ, autotuned, backward_tiles, launch
+from kata.given.precision import dot_precision
 from kata.given.solved import solved
 
 flash_forward = solved("06").flash_attention  # (o, lse): exercise 06's kernel, autotuned as there
@@ -111,16 +115,19 @@ def _bwd_delta(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_dob, stride
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                PRECISION: tl.constexpr):
     """Add query tiles [lo, hi) into the float32 sums dk, dv (BLOCK_N, HEAD_DIM) of one key block.
 
     k, v (BLOCK_N, HEAD_DIM) on chip; keys: their indices. q_ptrs, do_ptrs point at query rows
     0..BLOCK_M-1 of this (batch, head); LSE, DELTA at its first row. MASKED: rows at or past n_q
-    load as 0, and (CAUSAL) Pᵀ is 0 where key > query. Returns dk, dv, not yet times scale.
+    load as 0, and (CAUSAL) Pᵀ is 0 where key > query. PRECISION: tl.dot's input_precision, as in
+    06. Returns dk, dv, not yet times scale.
     """
     # TODO: for each tile start in range(lo, hi, BLOCK_M): load Q, dO, lse and D of its rows;
     #       Sᵀ = k @ qᵀ, Pᵀ = exp2(Sᵀ·qk_scale − lse·log2 e) (masked when MASKED and CAUSAL);
-    #       dv += Pᵀ @ dO; dPᵀ = v @ dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ @ q.
+    #       dv += Pᵀ @ dO; dPᵀ = v @ dOᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ @ q. Every tl.dot takes
+    #       input_precision=PRECISION (float32 in full unless torch was asked for TF32).
     # BEGIN SOLUTION
     offs_m = tl.arange(0, BLOCK_M)
     for start in tl.range(lo, hi, BLOCK_M):
@@ -134,14 +141,14 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
             lse = tl.load(LSE + rows)
             delta = tl.load(DELTA + rows)
         lse2 = lse * 1.4426950408889634  # to base 2 on the BLOCK_M vector, before it is broadcast
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
             if CAUSAL:
                 p_t = tl.where(keys[:, None] <= rows[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
     # END SOLUTION
 
@@ -152,7 +159,8 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: dK and dV of one key block (BLOCK_N keys) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_k, BLOCK_N) and key block p % cdiv(n_k, BLOCK_N). LSE and
@@ -161,7 +169,7 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     # TODO: load K_j and V_j once (keys past n_k masked); choose the query tiles that attend this
     #       key block (causal: from the tile holding query start_n on; the tiles that reach keys
     #       past the query are MASKED, so is the ragged last tile); run _dkdv_tiles over each
-    #       range; store dk·scale and dv for keys < n_k.
+    #       range (passing PRECISION on); store dk·scale and dv for keys < n_k.
     # BEGIN SOLUTION
     n_blocks = tl.cdiv(n_k, BLOCK_N)
     bh = tl.program_id(0) // n_blocks
@@ -190,11 +198,11 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         lo, diagonal, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+                         lo, diagonal, n_q, qk_scale, True, CAUSAL, BLOCK_M, PRECISION)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         mid, full, n_q, qk_scale, False, CAUSAL, BLOCK_M)
+                         mid, full, n_q, qk_scale, False, CAUSAL, BLOCK_M, PRECISION)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         tail, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+                         tail, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M, PRECISION)
 
     dk_ptrs = tiles.row_ptrs(DK, b, h, stride_dkb, stride_dkh, stride_dkn, keys, HEAD_DIM)
     dv_ptrs = tiles.row_ptrs(DV, b, h, stride_dvb, stride_dvh, stride_dvn, keys, HEAD_DIM)
@@ -205,29 +213,29 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, n_k, qk_scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Add key tiles [lo, hi) into the float32 sum dq (BLOCK_M, HEAD_DIM) of one query block.
 
     q, do (BLOCK_M, HEAD_DIM), lse2 = lse · log2(e) and delta (BLOCK_M,) on chip; rows: their
     indices. k_ptrs, v_ptrs point at keys 0..BLOCK_N-1. MASKED: keys at or past n_k load as 0,
-    and (CAUSAL) P is 0 where key > query. Returns dq, not yet times scale.
+    and (CAUSAL) P is 0 where key > query. PRECISION as in _dkdv_tiles. Returns dq, not yet times scale.
     """
     # TODO: for each tile start in range(lo, hi, BLOCK_N): load K and V; S = q @ kᵀ,
     #       P = exp2(S·qk_scale − lse2) (masked when MASKED and CAUSAL); dP = do @ vᵀ;
-    #       dS = P ∘ (dP − delta); dq += dS @ k.
+    #       dS = P ∘ (dP − delta); dq += dS @ k. Every tl.dot takes input_precision=PRECISION.
     # BEGIN SOLUTION
     offs_n = tl.arange(0, BLOCK_N)
     for start in tl.range(lo, hi, BLOCK_N):
         keys = start + offs_n
         k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
         v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse2[:, None])
         if MASKED:
             if CAUSAL:
                 p = tl.where(keys[None, :] <= rows[:, None], p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
     # END SOLUTION
 
@@ -238,7 +246,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             H, n_q, n_k,
-            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            PRECISION: tl.constexpr):
     """One program: dQ of one query block (BLOCK_M rows) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M)
@@ -246,7 +255,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     """
     # TODO: load this block's Q, dO, lse and D once (rows past n_q masked); walk the key tiles as
     #       06's forward does (stage 1 unmasked up to `full`, stage 2 MASKED up to `hi`) with
-    #       _dq_tiles; store dq·scale for rows < n_q.
+    #       _dq_tiles (passing PRECISION on); store dq·scale for rows < n_q.
     # BEGIN SOLUTION
     n_blocks = tl.cdiv(n_q, BLOCK_M)
     bh = tl.program_id(0) // n_blocks
@@ -269,9 +278,9 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     full = full // BLOCK_N * BLOCK_N
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full, n_k,
-                   qk_scale, False, CAUSAL, BLOCK_N)
+                   qk_scale, False, CAUSAL, BLOCK_N, PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full, hi, n_k,
-                   qk_scale, True, CAUSAL, BLOCK_N)
+                   qk_scale, True, CAUSAL, BLOCK_N, PRECISION)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])
     # END SOLUTION
@@ -309,7 +318,8 @@ class FlashAttention(torch.autograd.Function):
                                                        HEAD_DIM=width, BLOCK_M=block)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-        sizes = dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=ctx.causal)
+        sizes = dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=ctx.causal,
+                     PRECISION=dot_precision(q.dtype))
         launch(_bwd_dkdv, _bwd_dkdv_tuned, (q, k, v, do, dk, dv, lse, delta, scale * LOG2E, scale, *strides,
                                             *dk.stride()[:3], *dv.stride()[:3], H, n_q, n_k),
                rows=n_k, block="BLOCK_N", fixed=fixed["dkdv"], **sizes)

@@ -46,7 +46,7 @@ Conventions
 
 Given (kata/given/)
     solved.py   solved("06").attn_tiles, exercise 06's loop over key tiles, solved: kernel 1 calls
-                it as attn_tiles, with CAUSAL False
+                it as attn_tiles, with CAUSAL False and its PRECISION (06: tl.dot's input_precision)
     tiles.py    tiles.row_ptrs and tiles.load_rows, as in 06; the head-dim padding
     inputs.py   check_inputs: 06's ValueErrors, with grouped heads (the n_q and num_splits checks
                 are decoding's own, in decode_partials)
@@ -67,6 +67,7 @@ import triton.language as tl
 from kata.given import tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, MAX_TILE, interpreted
+from kata.given.precision import dot_precision
 from kata.given.solved import solved
 
 attn_tiles = solved("06").attn_tiles  # exercise 06's inner loop, solved: fold key tiles into (acc, l, m)
@@ -82,18 +83,21 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
                   stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
                   H_kv, n_q, n_k, chunk, num_splits,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
     """One program: one chunk of keys of one (batch, kv head), for one block of its group's rows.
 
     Q (B, H_q, n_q, HEAD_DIM), K and V (B, H_kv, n_k, HEAD_DIM), last axis contiguous;
     O_PART (B·H_kv·GROUP·n_q, num_splits, HEAD_DIM) and LSE_PART (B·H_kv·GROUP·n_q, num_splits),
     float32, contiguous: row (b·H_kv + kv)·GROUP·n_q + r holds tile row r of kv head kv.
-    KV_LENS (B,) int32 or None. chunk: keys per split, a multiple of BLOCK_N.
+    KV_LENS (B,) int32 or None. chunk: keys per split, a multiple of BLOCK_N. PRECISION: tl.dot's
+    input_precision, from the wrapper (float32 in full unless torch was asked for TF32).
     """
     # TODO: program p is split p % num_splits, row block (p // num_splits) % cdiv(GROUP·n_q, BLOCK_M),
     #       (batch·kv head) the rest. Load the Q rows of the tile (row r: head kv·GROUP + r // n_q,
     #       query r % n_q); fold the chunk's whole tiles unmasked, then its ragged end masked, with
-    #       attn_tiles (CAUSAL False); store o = acc / l and lse, an empty chunk as (0, -inf).
+    #       attn_tiles (CAUSAL False, PRECISION passed on); store o = acc / l and lse, an empty chunk
+    #       as (0, -inf).
     # BEGIN SOLUTION
     n_rows = GROUP * n_q
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
@@ -125,9 +129,9 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # Not causal, so rows go unused; every tile holds a key below hi, so m is finite after the first.
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, full, hi, qk_scale,
-                           False, False, BLOCK_N)
+                           False, False, BLOCK_N, PRECISION)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full, hi, hi, qk_scale,
-                           True, False, BLOCK_N)
+                           True, False, BLOCK_N, PRECISION)
 
     # An empty chunk has l = 0 and m = -inf: o = 0 / 1 = 0 and lse = -inf, the merge's identity.
     o = acc / tl.where(l == 0, 1.0, l)[:, None]
@@ -251,7 +255,7 @@ def decode_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: 
     _split_kernel[grid](q, k, v, o_part, lse_part, kv_lens, scale * LOG2E,  # exp(x) = exp2(x log2 e)
                         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                         H_kv, n_q, n_k, keys_per_split(n_k, num_splits), num_splits,
-                        GROUP=group, HEAD_DIM=width, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                        GROUP=group, HEAD_DIM=width, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=dot_precision(q.dtype),
                         num_warps=4, num_stages=_num_stages(BLOCK_M, width, q.element_size()))
     return o_part[..., :D], lse_part
 

@@ -86,7 +86,8 @@ In the paper
 Conventions
     q, k, v (B, H, n_q | n_k, D) float16, bfloat16 or float32 on one device, D <= 256; one block
     mask for every (batch, head), built for these n_q and n_k. o in q's dtype; gradients in their
-    inputs' dtypes; the backward's sums and D = rowsum(dO ∘ O) in float32.
+    inputs' dtypes; the backward's sums and D = rowsum(dO ∘ O) in float32. As in 06, every tl.dot
+    takes input_precision=PRECISION: float32 in full unless torch was asked for TF32.
     Without a GPU, TRITON_INTERPRET=1 runs the kernels on the CPU (float32, float16) with blocks of
     16 and 32; the tests also compile them for Ampere and Hopper. The GPU stage adds bfloat16
     (it runs all three dtypes), 128-wide blocks, thousands of tokens and a training run. Inside a
@@ -99,6 +100,7 @@ Given (kata/given/)
     tiles.py    load_tile, load_stats (and tma_aligned, descriptor, row_stats, stats_descriptor, which
                 the wrapper calls); row_ptrs for stores; the head-dim padding, as in 06 and 09
     inputs.py   check_inputs: 06's ValueErrors
+    precision.py  dot_precision(dtype): tl.dot's input_precision, as in 06 (the wrapper passes PRECISION)
 """
 import math
 
@@ -110,6 +112,7 @@ from kata.given import masks, tiles
 from kata.given.inputs import check_inputs
 from kata.given.launch import LOG2E, MAX_TILE, interpreted
 from kata.given.masks import Mask, check_block_mask
+from kata.given.precision import dot_precision
 
 block_mask = masks.block_mask  # exercise 12's, solved, on the device: block_mask(mask, n_q, n_k, block_q, block_k)
 
@@ -204,7 +207,7 @@ def _program_tile(ORDER, n, BLOCK: tl.constexpr, TILE: tl.constexpr):
 @triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
                qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one query
     tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
 
@@ -216,7 +219,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
     #       tile t starting at key _tile_start(...) read a trip ahead (see the lesson's advice).
     #       Load the K tile (tiles.load_tile); s = q kᵀ; from tile unmasked · per_block on, -inf where
     #       tile_allowed(..., RAGGED) says no; update m, l, acc as in 06 (a row whose m is still -inf
-    #       subtracts 0); load the V tile; acc += p v.
+    #       subtracts 0); load the V tile; acc += p v. Every tl.dot takes input_precision=PRECISION.
     # BEGIN SOLUTION
     offs_n = tl.arange(0, BLOCK_N)
     per_block = BLOCK_K // BLOCK_N
@@ -224,7 +227,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
     for t in tl.range(0, (n_full + n_partial) * per_block):
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if t >= unmasked * per_block:
             s = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
@@ -233,7 +236,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         alpha = tl.math.exp2(m - m_sub)
         l = l * alpha + tl.sum(p, 1)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)  # a trip ahead
     return acc, l, m
@@ -244,7 +247,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
                 qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, RAGGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """One program: BLOCK_M query rows (a slice of query block i, from _program_tile) of one
     (batch, head). The lists (T_r,) and (T_r, T_c) int32, row i at KV_IDX + i·t_c. LSE: lse of
     (b, h) at LSE + (b·H + h)·stride_lse.
@@ -267,7 +270,8 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     acc, l, m = _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM)
+                           n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM,
+                           PRECISION)
 
     o = acc / tl.where(l == 0, 1.0, l)[:, None]
     lse = (m + tl.math.log2(l)) * 0.6931471805599453  # l = 0: log2(0) = -inf
@@ -282,7 +286,7 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
@@ -291,7 +295,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
     #       and dPᵀ = v dOᵀ first (the sums last: see the lesson); Pᵀ = exp2(Sᵀ · qk_scale − lse ·
     #       log2 e), from tile unmasked · per_block on 0 where tl.trans(tile_allowed(..., RAGGED))
     #       says no (its tile is rows x keys, Pᵀ keys x rows);
-    #       dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q.
+    #       dv += Pᵀ dO; dSᵀ = Pᵀ ∘ (dPᵀ − D); dk += dSᵀ q. Every tl.dot takes input_precision=PRECISION.
     # BEGIN SOLUTION
     offs_m = tl.arange(0, BLOCK_M)
     per_block = BLOCK_Q // BLOCK_M
@@ -301,14 +305,14 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
         lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
-        s_t = tl.dot(k, tl.trans(q))
-        dp_t = tl.dot(v, tl.trans(do))  # before dV's sum, whose product its wait would hold up (the lesson)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # before dV's sum, whose product its wait would hold up (the lesson)
         p_t = tl.math.exp2(s_t * qk_scale - (lse * 1.4426950408889634)[None, :])
         if t >= unmasked * per_block:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED)), p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_Q, BLOCK_M)
     return dk, dv
     # END SOLUTION
@@ -319,7 +323,7 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
                  doc_ids, qk_scale, scale, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                  H, n_q, n_k, t_r,
                  MOD: tl.constexpr, RAGGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """One program: dK, dV of BLOCK_N keys (a slice of key block j, from _program_tile) of one
     (batch, head), over the transposed lists, row j at Q_IDX + j·t_r. stats_desc: lse and D."""
     # TODO: find this program's keys (_program_tile with q_order, key blocks of BLOCK_K); load K and
@@ -340,7 +344,7 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial,
                          unmasked,
-                         n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_Q, BLOCK_M, HEAD_DIM)
+                         n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_Q, BLOCK_M, HEAD_DIM, PRECISION)
     dk_ptrs = tiles.row_ptrs(DK, b, h, stride_dkb, stride_dkh, stride_dkn, keys, HEAD_DIM)
     dv_ptrs = tiles.row_ptrs(DV, b, h, stride_dvb, stride_dvh, stride_dvn, keys, HEAD_DIM)
     tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=(keys < n_k)[:, None])
@@ -351,14 +355,15 @@ def _sparse_dkdv(ORDER, q_desc, k_desc, v_desc, do_desc, stats_desc, DK, DV, Q_N
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
               n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the key blocks full[:n_full], then partial[:n_partial], BLOCK_N keys at a time, into the
     float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
     _dq_tiles, the keys from the lists."""
     # TODO: one loop over every tile of the walk, BLOCK_K // BLOCK_N per block, their starts read a
     #       trip ahead; load K, V; S = q kᵀ and dP = dO vᵀ first (the sum dq last);
     #       P = exp2(S · qk_scale − lse2), from tile unmasked · per_block on 0 where
-    #       tile_allowed(..., RAGGED) says no; dS = P ∘ (dP − D); dq += dS k.
+    #       tile_allowed(..., RAGGED) says no; dS = P ∘ (dP − D); dq += dS k. Every tl.dot takes
+    #       input_precision=PRECISION.
     # BEGIN SOLUTION
     offs_n = tl.arange(0, BLOCK_N)
     per_block = BLOCK_K // BLOCK_N
@@ -367,13 +372,13 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k))
-        dp = tl.dot(do, tl.trans(v))  # as in _dkdv_tiles: the products first, the running sum dq last
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # as in _dkdv_tiles: the products first, the running sum dq last
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if t >= unmasked * per_block:
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), p, 0.0)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)
     return dq
     # END SOLUTION
@@ -383,7 +388,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
 def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
                window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, RAGGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """One program: dQ and D of BLOCK_M query rows (a slice of query block i, from _program_tile) of
     one (batch, head), over the forward's lists. LSE and DELTA as _sparse_fwd's LSE."""
     # TODO: find this program's rows as _sparse_fwd does; load Q, dO, and lse·log2 e once;
@@ -406,7 +411,7 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM)
+                   n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM, PRECISION)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])
     # END SOLUTION
@@ -443,10 +448,11 @@ def programs(n: int, block: int, tile: int) -> int:
     return triton.cdiv(n, block) * (block // tile)
 
 
-def kernel_constants(block_mask, mask: Mask, width: int) -> dict:
-    """The constexprs all three kernels take: the mask's mod, RAGGED, the tiles' width, the blocks."""
+def kernel_constants(block_mask, mask: Mask, width: int, dtype: torch.dtype) -> dict:
+    """The constexprs all three kernels take: the mask's mod, RAGGED, the tiles' width, the blocks,
+    tl.dot's input precision for inputs of `dtype`."""
     return dict(MOD=mask.mod, RAGGED=masks.ragged(block_mask), HEAD_DIM=width, BLOCK_Q=block_mask.block_q,
-                BLOCK_K=block_mask.block_k)
+                BLOCK_K=block_mask.block_k, PRECISION=dot_precision(dtype))
 
 
 class BlockSparseAttention(torch.autograd.Function):
@@ -466,7 +472,7 @@ class BlockSparseAttention(torch.autograd.Function):
             bm.kv_order, tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n), o,
             lse, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, mask.window, mask.doc_ids,
             scale * LOG2E, *o.stride()[:3], lse.stride(1), H, n_q, n_k, bm.kv_indices.shape[1], BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **kernel_constants(bm, mask, width))
+            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **kernel_constants(bm, mask, width, q.dtype))
         ctx.save_for_backward(q, k, v, o, stats)
         ctx.bm, ctx.mask, ctx.scale, ctx.head_dim = bm, mask, scale, head_dim
         return o[..., :head_dim]
@@ -480,7 +486,7 @@ class BlockSparseAttention(torch.autograd.Function):
         lse, delta = stats[:, :, 0], stats[:, :, 1]  # D: made by the dQ kernel, read by dK, dV's
         sizes = kernel_tiles(bm, width, q.element_size())
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        common = kernel_constants(bm, mask, width)
+        common = kernel_constants(bm, mask, width, q.dtype)
 
         def inputs(block_m, block_n):  # Q and dO walked or held BLOCK_M rows at a time, K and V BLOCK_N
             return (tiles.descriptor(q, block_m), tiles.descriptor(k, block_n), tiles.descriptor(v, block_n),

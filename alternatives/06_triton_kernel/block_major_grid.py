@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
     acc (BLOCK_M, HEAD_DIM), l and m (BLOCK_M,): float32 state, m in base-2 units.
@@ -20,7 +20,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     keys = lo + tl.arange(0, BLOCK_N)
     for _ in tl.range(lo, hi, BLOCK_N):
         k = tiles.load_rows(k_ptrs, keys, n_keys, MASKED)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             s = tl.where((keys < n_keys)[None, :], s, float("-inf"))
             if CAUSAL:
@@ -29,7 +29,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
         v = tiles.load_rows(v_ptrs, keys, n_keys, MASKED)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         l = tl.fma(l, alpha, tl.sum(p, 1))
         m = m_new
         # Step the pointers and key indices to the next tile instead of recomputing them.
@@ -44,7 +44,8 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: one query block of one (batch, head), both taken from the 1-D program id.
 
     Q, O (B, H, n_q, HEAD_DIM); K, V (B, H, n_k, HEAD_DIM), last axis contiguous; LSE (B, H, n_q)
@@ -76,9 +77,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, stage_1_end, n_keys,
-                            qk_scale, False, CAUSAL, BLOCK_N)
+                            qk_scale, False, CAUSAL, BLOCK_N, PRECISION)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, stage_1_end, stage_2_end,
-                            n_keys, qk_scale, True, CAUSAL, BLOCK_N)
+                            n_keys, qk_scale, True, CAUSAL, BLOCK_N, PRECISION)
 
     empty = l == 0  # kv_lens[b] = 0: no key at all
     o = acc / tl.where(empty, 1.0, l)[:, None]  # acc is 0 on an empty row: 0 / 1 = 0

@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
     acc (BLOCK_M, HEAD_DIM), l and m (BLOCK_M,): float32 state, m in natural units.
@@ -19,7 +19,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     for start in range(lo, hi, BLOCK_N):
         keys = start + offs_n
         k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # natural units: qk_scale is the plain scale here
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # natural units: qk_scale is the plain scale here
         if MASKED:
             visible = keys[None, :] < n_keys
             if CAUSAL:
@@ -30,7 +30,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
         p = tl.exp(s - m_new[:, None])
         l = alpha * l + tl.sum(p, 1)
         v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
     return acc, l, m
 
@@ -40,7 +40,8 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: one query block of one (batch, head), both taken from the 1-D program id.
 
     Q, O (B, H, n_q, HEAD_DIM); K, V (B, H, n_k, HEAD_DIM), last axis contiguous; LSE (B, H, n_q)
@@ -71,9 +72,9 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, 0, unmasked_end, n_keys,
-                            sm_scale, False, CAUSAL, BLOCK_N)
+                            sm_scale, False, CAUSAL, BLOCK_N, PRECISION)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, unmasked_end, end, n_keys,
-                            sm_scale, True, CAUSAL, BLOCK_N)
+                            sm_scale, True, CAUSAL, BLOCK_N, PRECISION)
 
     no_key = l == 0.0  # kv_lens[b] = 0: o = 0 and lse = -inf
     o = tl.where(no_key[:, None], 0.0, acc / tl.where(no_key, 1.0, l)[:, None])

@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_keys, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Fold key tiles [lo, hi) into the running state of one query block.
 
     acc (BLOCK_M, HEAD_DIM), l and m (BLOCK_M,): float32 state, m in base-2 units.
@@ -17,7 +17,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     """
     for start in tl.range(lo, hi, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        s = tl.dot(q, tl.trans(tiles.load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED))) * qk_scale
+        s = tl.dot(q, tl.trans(tiles.load_rows(k_ptrs + start * stride_kn, keys, n_keys, MASKED)), input_precision=PRECISION) * qk_scale
         if MASKED:
             allowed = (keys < n_keys)[None, :]
             if CAUSAL:
@@ -29,7 +29,7 @@ def attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
         p = tl.math.exp2(s - m_new[:, None])
         v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_keys, MASKED)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         l = l * alpha + tl.sum(p, 1)
         m = m_new
     return acc, l, m
@@ -40,7 +40,8 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: one query block of one (batch, head), both taken from the 1-D program id.
 
     Q, O (B, H, n_q, HEAD_DIM); K, V (B, H, n_k, HEAD_DIM), last axis contiguous; LSE (B, H, n_q)
@@ -66,7 +67,7 @@ def _attn_fwd(Q, K, V, O, LSE, KV_LENS, qk_scale,
     # One stage, every tile masked: simpler, at the cost of the mask on tiles that need none.
     acc, l, m = attn_tiles(tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), tl.zeros([BLOCK_M], tl.float32),
                             tl.full([BLOCK_M], float("-inf"), tl.float32), q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            rows, 0, visible_end, n_keys, qk_scale, True, CAUSAL, BLOCK_N)
+                            rows, 0, visible_end, n_keys, qk_scale, True, CAUSAL, BLOCK_N, PRECISION)
 
     # l = 0 only for a batch with kv_lens[b] = 0: acc is 0 there, so divide by 1; log2(0) = -inf.
     o = acc / tl.maximum(l, 1e-30)[:, None]

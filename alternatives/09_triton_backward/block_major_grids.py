@@ -11,7 +11,8 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
               H, n_q, n_k,
-              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One program: dK and dV of one key block (BLOCK_N keys) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_k, BLOCK_N) and key block p % cdiv(n_k, BLOCK_N). LSE and
@@ -45,11 +46,11 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, qk_scale, scale,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         lo, diagonal, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+                         lo, diagonal, n_q, qk_scale, True, CAUSAL, BLOCK_M, PRECISION)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         mid, full, n_q, qk_scale, False, CAUSAL, BLOCK_M)
+                         mid, full, n_q, qk_scale, False, CAUSAL, BLOCK_M, PRECISION)
     dk, dv = _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA,
-                         tail, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M)
+                         tail, n_q, n_q, qk_scale, True, CAUSAL, BLOCK_M, PRECISION)
 
     dk_ptrs = tiles.row_ptrs(DK, b, h, stride_dkb, stride_dkh, stride_dkn, keys, HEAD_DIM)
     dv_ptrs = tiles.row_ptrs(DV, b, h, stride_dvb, stride_dvh, stride_dvn, keys, HEAD_DIM)
@@ -63,7 +64,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             H, n_q, n_k,
-            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            PRECISION: tl.constexpr):
     """One program: dQ of one query block (BLOCK_M rows) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M)
@@ -91,8 +93,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     full = full // BLOCK_N * BLOCK_N
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full, n_k,
-                   qk_scale, False, CAUSAL, BLOCK_N)
+                   qk_scale, False, CAUSAL, BLOCK_N, PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full, hi, n_k,
-                   qk_scale, True, CAUSAL, BLOCK_N)
+                   qk_scale, True, CAUSAL, BLOCK_N, PRECISION)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     """Add query tiles [lo, hi) into the float32 sums dk, dv (BLOCK_N, HEAD_DIM) of one key block.
 
     k, v (BLOCK_N, HEAD_DIM) on chip; keys: their indices. q_ptrs, do_ptrs point at query rows
@@ -29,20 +29,20 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
         else:
             lse = tl.load(LSE + rows)
             delta = tl.load(DELTA + rows)
-        p_t = tl.exp(tl.dot(k, tl.trans(q)) * (qk_scale * 0.6931471805599453) - lse[None, :])
+        p_t = tl.exp(tl.dot(k, tl.trans(q), input_precision=PRECISION) * (qk_scale * 0.6931471805599453) - lse[None, :])
         if MASKED:
             if CAUSAL:
                 p_t = tl.where(keys[:, None] <= rows[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, n_k, qk_scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """Add key tiles [lo, hi) into the float32 sum dq (BLOCK_M, HEAD_DIM) of one query block.
 
     q, do (BLOCK_M, HEAD_DIM), lse2 = lse · log2(e) and delta (BLOCK_M,) on chip; rows: their
@@ -57,13 +57,13 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn
         keys = start + offs_n
         k = tiles.load_rows(k_ptrs + start * stride_kn, keys, n_k, MASKED)
         v = tiles.load_rows(v_ptrs + start * stride_vn, keys, n_k, MASKED)
-        p = tl.exp(tl.dot(q, tl.trans(k)) * (qk_scale * 0.6931471805599453) - lse2[:, None])
+        p = tl.exp(tl.dot(q, tl.trans(k), input_precision=PRECISION) * (qk_scale * 0.6931471805599453) - lse2[:, None])
         if MASKED:
             if CAUSAL:
                 p = tl.where(keys[None, :] <= rows[:, None], p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 
 
@@ -73,7 +73,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
             stride_dqb, stride_dqh, stride_dqn,
             H, n_q, n_k,
-            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            PRECISION: tl.constexpr):
     """One program: dQ of one query block (BLOCK_M rows) of one (batch, head).
 
     Program p owns batch·head p // cdiv(n_q, BLOCK_M) and query block p % cdiv(n_q, BLOCK_M)
@@ -103,8 +104,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, qk_scale, scale,
     full = full // BLOCK_N * BLOCK_N
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full, n_k,
-                   qk_scale, False, CAUSAL, BLOCK_N)
+                   qk_scale, False, CAUSAL, BLOCK_N, PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full, hi, n_k,
-                   qk_scale, True, CAUSAL, BLOCK_N)
+                   qk_scale, True, CAUSAL, BLOCK_N, PRECISION)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

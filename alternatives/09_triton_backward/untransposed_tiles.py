@@ -8,7 +8,7 @@ import triton.language as tl
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q,
-                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     """Add query tiles [lo, hi) into the float32 sums dk, dv (BLOCK_N, HEAD_DIM) of one key block.
 
     k, v (BLOCK_N, HEAD_DIM) on chip; keys: their indices. q_ptrs, do_ptrs point at query rows
@@ -29,12 +29,12 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
         else:
             lse = tl.load(LSE + rows)
             delta = tl.load(DELTA + rows)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * 1.4426950408889634)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None] * 1.4426950408889634)
         if MASKED:
             if CAUSAL:
                 p = tl.where(keys[None, :] <= rows[:, None], p, 0.0)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        dp = tl.dot(do, tl.trans(v))
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     return dk, dv

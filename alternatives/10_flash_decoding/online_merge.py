@@ -8,7 +8,8 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
                   stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                   stride_vb, stride_vh, stride_vn,
                   H_kv, n_q, n_k, chunk, num_splits,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
     """One program: one chunk of keys of one (batch, kv head), for one block of its group's rows.
 
     Q (B, H_q, n_q, HEAD_DIM), K and V (B, H_kv, n_k, HEAD_DIM), last axis contiguous;
@@ -47,9 +48,9 @@ def _split_kernel(Q, K, V, O_PART, LSE_PART, KV_LENS, qk_scale,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, full, hi, qk_scale, False, False,
-                            BLOCK_N)
+                            BLOCK_N, PRECISION)
     acc, l, m = attn_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, full, hi, hi, qk_scale, True, False,
-                            BLOCK_N)
+                            BLOCK_N, PRECISION)
 
     # An empty chunk has l = 0 and m = -inf: o = 0 / 1 = 0 and lse = -inf, the merge's identity.
     o = acc / tl.where(l == 0, 1.0, l)[:, None]

@@ -11,7 +11,7 @@ from kata.given import masks, tiles
 @triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
                qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one query
     tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
 
@@ -26,7 +26,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
     for t in tl.range(0, (n_full + n_partial) * per_block):
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if t >= unmasked * per_block:
             s = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1) * scale)
@@ -35,7 +35,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         alpha = tl.exp(m - m_sub)
         l = l * alpha + tl.sum(p, 1)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)  # a trip ahead
     return acc, l, m
@@ -45,7 +45,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX, window, doc_ids,
                 qk_scale, stride_ob, stride_oh, stride_on, stride_lse, H, n_q, n_k, t_c,
                 MOD: tl.constexpr, RAGGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """As the solution's, with lse = m + log l in natural units."""
     bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
@@ -60,7 +60,7 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     acc, l, m = _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked,
-                           n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM)
+                           n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM, PRECISION)
 
     o = acc / tl.where(l == 0, 1.0, l)[:, None]
     lse = m + tl.log(l)  # l = 0: log(0) = -inf
@@ -72,7 +72,7 @@ def _sparse_fwd(ORDER, q_desc, k_desc, v_desc, O, LSE, KV_NUM, KV_IDX, FULL_NUM,
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the query blocks full[:n_full], then partial[:n_partial], BLOCK_M rows at a time, into the
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
@@ -85,12 +85,12 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
         lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
-        p_t = tl.exp(tl.dot(k, tl.trans(q)) * scale - lse[None, :])
+        p_t = tl.exp(tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale - lse[None, :])
         if t >= unmasked * per_block:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED)), p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_Q, BLOCK_M)
     return dk, dv
 
@@ -98,7 +98,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
               n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the key blocks full[:n_full], then partial[:n_partial], BLOCK_N keys at a time, into the
     float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
     _dq_tiles, the keys from the lists."""
@@ -110,11 +110,11 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        p = tl.exp(tl.dot(q, tl.trans(k)) * scale - lse2[:, None])
+        p = tl.exp(tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale - lse2[:, None])
         if t >= unmasked * per_block:
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
         start = _tile_start(full, n_full, partial, n_partial, t + 1, BLOCK_K, BLOCK_N)
     return dq
 
@@ -123,7 +123,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
 def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
                window, doc_ids, qk_scale, scale, stride_dqb, stride_dqh, stride_dqn, stride_lse, H, n_q, n_k, t_c,
                MOD: tl.constexpr, RAGGED: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
-               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """As the solution's, with lse left in natural units."""
     bh, i, tile = _program_tile(ORDER, n_q, BLOCK_Q, BLOCK_M)
     b = bh // H
@@ -141,6 +141,6 @@ def _sparse_dq(ORDER, q_desc, k_desc, v_desc, do_desc, o_desc, DQ, LSE, DELTA, K
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     dq = _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
-                   n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM)
+                   n_q, n_k, qk_scale, window, doc_ids, MOD, RAGGED, BLOCK_K, BLOCK_N, HEAD_DIM, PRECISION)
     dq_ptrs = tiles.row_ptrs(DQ, b, h, stride_dqb, stride_dqh, stride_dqn, rows, HEAD_DIM)
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=(rows < n_q)[:, None])

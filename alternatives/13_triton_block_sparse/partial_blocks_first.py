@@ -23,7 +23,7 @@ def _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK: tl.cons
 @triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
                qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key blocks partial[:n_partial], then full[:n_full], into the running state of one query
     tile, BLOCK_N keys at a time; the first `unmasked` full blocks without the mask.
 
@@ -37,7 +37,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         start, masked = _partial_first(full, n_full, partial, n_partial, unmasked, t, BLOCK_K, BLOCK_N)
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if masked:
             s = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1) * qk_scale)
@@ -46,7 +46,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         alpha = tl.math.exp2(m - m_sub)
         l = l * alpha + tl.sum(p, 1)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
     return acc, l, m
 
@@ -54,7 +54,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_full, partial, n_partial, unmasked,
                 n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_Q: tl.constexpr,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the query blocks partial[:n_partial], then full[:n_full], BLOCK_M rows at a time, into the
     float32 sums dk, dv of one key tile; the first `unmasked` full blocks without the mask. As 09's
     _dkdv_tiles (transposed tiles, keys on rows), the rows from the lists."""
@@ -66,19 +66,19 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_desc, do_desc, stats_desc, b, h, full, n_f
         q = tiles.load_tile(q_desc, b, h, start, BLOCK_M, HEAD_DIM)
         do = tiles.load_tile(do_desc, b, h, start, BLOCK_M, HEAD_DIM)
         lse, delta = tiles.load_stats(stats_desc, b, h, start, BLOCK_M)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * 1.4426950408889634)[None, :])
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - (lse * 1.4426950408889634)[None, :])
         if masked:  # where, not a product: a fully masked row has lse = -inf, so P = inf there
             p_t = tl.where(tl.trans(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED)), p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
+        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, partial, n_partial, unmasked,
               n_q, n_k, qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Add the key blocks partial[:n_partial], then full[:n_full], BLOCK_N keys at a time, into the
     float32 sum dq of one query tile; the first `unmasked` full blocks without the mask. As 09's
     _dq_tiles, the keys from the lists."""
@@ -89,9 +89,9 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_desc, v_desc, b, h, full, n_full, 
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse2[:, None])
         if masked:
             p = tl.where(masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED), p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq

@@ -13,7 +13,7 @@ from kata.given import masks, tiles
 @triton.jit
 def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, n_partial, unmasked, n_q, n_k,
                qk_scale, window, doc_ids, MOD: tl.constexpr, RAGGED: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     """Fold the key blocks full[:n_full], then partial[:n_partial], into the running state of one
     query tile, BLOCK_N keys at a time. Returns acc, l, m (m in base-2 units)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -24,7 +24,7 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         start = block * BLOCK_K + t % per_block * BLOCK_N
         keys = start + offs_n
         k = tiles.load_tile(k_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if e >= unmasked:
             allowed = masks.tile_allowed(MOD, rows, keys, n_q, n_k, window, doc_ids, RAGGED)
             s += tl.where(allowed, 0.0, float("-inf"))
@@ -34,6 +34,6 @@ def _fwd_tiles(acc, l, m, q, k_desc, v_desc, b, h, rows, full, n_full, partial, 
         alpha = tl.where(empty, 1.0, tl.math.exp2(m - m_new))
         l = l * alpha + tl.sum(p, 1)
         v = tiles.load_tile(v_desc, b, h, start, BLOCK_N, HEAD_DIM)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
     return acc, l, m

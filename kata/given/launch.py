@@ -8,7 +8,8 @@ batch·head p // cdiv(n_rows, BLOCK) and block p % cdiv(n_rows, BLOCK) of its ro
 The tiles: below TUNE_ABOVE scores a launch runs the fixed tile sizes its exercise chooses, since
 autotuning compiles and times every config once per shape and that costs more than it saves on a
 small problem; above it, the autotuned kernel picks the fastest config for (n_q, n_k, HEAD_DIM,
-CAUSAL), the kernels' arguments of those names. Triton's interpreter always runs the fixed tiles.
+CAUSAL, PRECISION), the kernels' arguments of those names (float32 in full float32 runs another
+kernel than in TF32). Triton's interpreter always runs the fixed tiles.
 """
 import os
 
@@ -45,8 +46,8 @@ def fitting(configs, named_args, **kwargs):
 
 
 def autotuned(kernel, configs: list):
-    """`kernel` tuned over `configs` once per (n_q, n_k, HEAD_DIM, CAUSAL), skipping those that do not fit."""
-    return triton.autotune(configs, key=["n_q", "n_k", "HEAD_DIM", "CAUSAL"],
+    """`kernel` tuned over `configs` once per (n_q, n_k, HEAD_DIM, CAUSAL, PRECISION), skipping those that do not fit."""
+    return triton.autotune(configs, key=["n_q", "n_k", "HEAD_DIM", "CAUSAL", "PRECISION"],
                            prune_configs_by={"early_config_prune": fitting})(kernel)
 
 
