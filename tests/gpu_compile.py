@@ -11,6 +11,13 @@ far as Triton IR (ttir), where a global or a dtype is refused; each kernel's fir
 bfloat16 on Hopper goes on to GPU IR (ttgir), where the target's own passes run; machine code is
 left to the GPU stage. Compiling needs no GPU, but a process without TRITON_INTERPRET: it runs in a
 child process, `python tests/gpu_compile.py`, and its verdicts are cached by content.
+
+It also checks how float32 is multiplied, which the interpreter cannot show (it multiplies in full
+float32 whatever tl.dot is told): under torch's default setting every tl.dot of float32 in the IR
+must be IEEE, as torch's matmuls are, not TF32 (Triton's default). Where the test asked torch for
+TF32 (kata/given/precision.py), TF32 passes, and so does IEEE, slower but never less exact. Each
+launch records the precision the given rule chose at that moment, so the verdict and its cache key
+follow the setting the launch ran under.
 """
 from __future__ import annotations
 
@@ -58,13 +65,14 @@ def _arg_type(value) -> str | None:
 
 @contextlib.contextmanager
 def record_launches():
-    """Within the block, every interpreted launch is appended to the list this yields."""
+    """Within the block, every interpreted launch is appended to the list this yields, with the
+    tl.dot precisions of dot_precisions() as it runs (`dots`)."""
     from triton.runtime.interpreter import InterpretedFunction
     launches: list[dict] = []
     run = InterpretedFunction.run
 
     def recording(self, *args, grid, warmup, **kwargs):
-        launches.append(_launch(self.fn, args, kwargs))
+        launches.append(dict(_launch(self.fn, args, kwargs), dots=dot_precisions()))
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = recording
@@ -72,6 +80,14 @@ def record_launches():
         yield launches
     finally:
         InterpretedFunction.run = run
+
+
+def dot_precisions() -> dict[str, str]:
+    """The tl.dot input precision torch's setting gives float16 and float32 now (kata/given/precision.py):
+    a launch's record, which the float32 rule of its verdict reads."""
+    import torch
+    from kata.given.precision import dot_precision
+    return {dtype: dot_precision(getattr(torch, dtype)) for dtype in ("float16", "float32")}
 
 
 def _launch(fn, args, kwargs) -> dict:
@@ -116,7 +132,12 @@ def _constexpr(value):
 def _variants(launch: dict) -> list[tuple[str, dict, int]]:
     """(dtype, launch, target) triples: as launched for both targets, but a float16 launch for
     Ampere only, again in bfloat16 for Hopper, and in float32 (the GPU stage's third dtype) for Ampere.
-    A float16 argument is a pointer (*fp16) or a tensor descriptor (tensordesc<fp16[...]>)."""
+    A float16 argument is a pointer (*fp16) or a tensor descriptor (tensordesc<fp16[...]>).
+
+    The float32 copy keeps the constexprs the wrapper chose for float16, and is judged by the float32
+    rule of the launch's setting: the given rule chose "ieee" for float16, which is float32's too under
+    torch's default, and where TF32 was asked for either passes. So a kernel, or a wrapper, that
+    passes TF32 whatever the dtype fails on the copy as it would on a float32 launch."""
     halves = [name for name, kind in launch["signature"].items() if kind == "*fp16" or kind.startswith("tensordesc<fp16")]
     types = set(launch["signature"].values())
     singles = any(kind == "*fp32" or kind.startswith("tensordesc<fp32") for kind in types)
@@ -139,9 +160,10 @@ def _key(job: dict, given: bytes) -> str:
 
 
 def _given_digest() -> bytes:
-    """The given library's sources and Triton's version: a kernel calls into the one, compiled by the other."""
+    """The given library's sources, Triton's version and this check's own source: a kernel calls into
+    the first, compiled by the second, judged by the third."""
     import triton
-    digest = hashlib.sha256(triton.__version__.encode())
+    digest = hashlib.sha256(triton.__version__.encode() + Path(__file__).read_bytes())
     for path in sorted((ROOT / "kata" / "given").glob("*.py")):
         digest.update(path.read_bytes())
     return digest.digest()
@@ -292,11 +314,59 @@ def _compile(job: dict) -> str:
     try:
         module = source.make_ir(target, options, backend.get_codegen_implementation(options),
                                 backend.get_module_map(), context)
+        inexact = _inexact_dots(str(module)) if job["dtype"] == "float32" and launch["dots"]["float32"] == "ieee" else []
         for stage in ("ttir", "ttgir") if job["ttgir"] else ("ttir",):
             module = stages[stage](module, {})
     except Exception as error:
         return f"{_kernel_name(launch)}: {_explain(error, [launch['file'], *(f['file'] for f in _functions(launch))])}"
+    if inexact:
+        (precision, site), more = inexact[0], len(inexact) - 1
+        return (f"{_kernel_name(launch)}: {site}{f' (and {more} more tl.dot)' if more else ''}: float32 multiplied in "
+                f"{precision} where torch was not asked for it: pass input_precision=PRECISION to every tl.dot (float32 "
+                f"in full unless the user asked torch for TF32, as torch's matmuls; tl.dot's own default is TF32)")
     return ""
+
+
+DOT_TYPES = re.compile(r": tensor<[^>]*xf32> \* tensor<[^>]*xf32> ->")  # a tt.dot of float32 operands
+LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)$", re.M)
+
+
+def _inexact_dots(ir: str) -> list[tuple[str, str]]:
+    """(precision, site) of each tl.dot in Triton IR (MLIR text, before its passes) that multiplies
+    float32 otherwise than IEEE, once per site (a helper compiled twice has its dots twice). IEEE is
+    the attribute's default and goes unprinted; a site is `file:line: `source line`` from the op's
+    location."""
+    aliases = dict(LOC_ALIAS.findall(ir))
+    found = {}
+    for line in ir.splitlines():
+        if " tt.dot " not in line or not DOT_TYPES.search(line):
+            continue
+        precision = re.search(r"inputPrecision = (\w+)", line)
+        if precision and precision.group(1) != "ieee":
+            loc = re.search(r"loc\((.*)\)\s*$", line)
+            found.setdefault(_site(loc.group(1) if loc else "", aliases), precision.group(1).upper().replace("X", "x"))
+    return [(precision, site) for site, precision in found.items()]
+
+
+def _site(loc: str, aliases: dict[str, str]) -> str:
+    """`file:line: `source line`` of an MLIR location: an alias (#loc7), a name ("s"(#loc3)), a call
+    site (the callee's), or "file":line:column."""
+    for _ in range(len(aliases) + 1):
+        if loc in aliases:
+            loc = aliases[loc]
+        elif found := re.match(r'(?:"[^"]*"\(|callsite\()(#loc\d*)', loc):
+            loc = found.group(1)
+        else:
+            break
+    if not (found := re.match(r'"([^"]+)":(\d+):\d+', loc)):
+        return "a tl.dot"
+    path, lineno = Path(found.group(1)), int(found.group(2))
+    try:
+        text = path.read_text(encoding="utf-8").splitlines()[lineno - 1].strip()
+    except (OSError, IndexError):
+        text = "tl.dot"
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return f"{where}:{lineno}: `{text}`"
 
 
 def _kernel_name(launch: dict) -> str:

@@ -305,8 +305,8 @@ def check_compiles_for_gpus(*runs) -> None:
         for run in runs:
             call(run)
     refused = compile_for_gpus(launches)
-    assert not refused, ("Triton's interpreter runs these kernels, but compiled Triton, as on a GPU, refuses "
-                         "them:\n" + "\n".join(f"  {why}" for why in refused))
+    assert not refused, ("Triton's interpreter runs these kernels, but compiled, as on a GPU, they are refused "
+                         "or break a rule:\n" + "\n".join(f"  {why}" for why in refused))
 
 
 def skip_unless_supported(dtype: str) -> torch.dtype:
