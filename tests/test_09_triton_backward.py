@@ -306,3 +306,18 @@ def test_gpu_training_matches_sdpa(ex, rng):
     check_training(rng, lambda q, k, v: ex.flash_attention(q, k, v, causal=True),
                    lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                    "causal model", "the gradients of flash_attention are those of softmax(scale q kᵀ) v")
+
+# ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
+from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.usefixtures("torch_default_float32")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_float32_in_full_at_attention_gym_sizes(ex, rng, causal):
+    """float32 gradients multiplied in TF32 (tl.dot's own default) where torch computes them in full:
+    off by 3e-4 to 7e-4 of their largest entry at the sizes of attention-gym's float32 test, IEEE
+    products by 6e-7."""
+    B, H, n, D = GYM_SHAPE
+    check(ex, *qkv_do(rng, B, H, n, n, D), causal=causal, convention=f"{FORMULAS}; {FLOAT32}")

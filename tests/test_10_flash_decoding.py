@@ -334,3 +334,17 @@ def test_gpu_more_than_65535_programs(ex, rng):
     """A grid with (batch·kv head, split) on two axes: CUDA's second axis stops at 65535 programs."""
     q, k, v = qkv(rng, 3000, 8, 8, 1, 64, 64, dtype=torch.float16)  # 3000 · 8 · 3 = 72000 programs
     check(ex, q, k, v, num_splits=3, convention="any B·H_kv·splits works: one grid axis")
+
+# ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
+from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.usefixtures("torch_default_float32")
+@pytest.mark.parametrize("n_q", [1, 16])
+def test_gpu_float32_in_full_at_attention_gym_sizes(ex, rng, n_q):
+    """float32 multiplied in TF32 (tl.dot's own default) where torch computes it in full: n_q new rows
+    over a cache of attention-gym's float32 test sizes, o off by about 3e-4 in TF32, 6e-7 in IEEE."""
+    B, H, n, D = GYM_SHAPE
+    check(ex, *qkv(rng, B, H, H, n_q, n, D), convention=FLOAT32)
