@@ -2,8 +2,9 @@
 exercise is not run again.
 
 The key covers the learner's file, its test file and the tests' helpers, the grader's own code,
-pytest.ini, the time limit, the versions of Python and the packages, whether a GPU is there, and
-the environment variables the tests read. The kata's own folders (exercises/, solutions/) are
+pytest.ini, the time limit, the versions of Python and the packages (torch's names its CUDA build),
+the GPU (whether one is there, which, and its driver: they decide whether the kernels run compiled
+or interpreted, and which tests skip), and the environment variables the tests read. The kata's own folders (exercises/, solutions/) are
 cached; any other --target folder, and fresh random inputs, are always run.
 """
 from __future__ import annotations
@@ -20,14 +21,16 @@ import sys
 from pathlib import Path
 
 from kata.exercises import EXERCISES_DIR, ROOT, SOLUTIONS_DIR, TESTS_DIR, Exercise, find
+from kata.gpu import nvidia_gpus
 from kata.grader.doctor import PACKAGES, version
-from kata.grader.progress import STATE_DIR
+from kata.grader.progress import STATE_DIR, keep
 from kata.grader.results import ExerciseResult, Failure, TestResult
 
 CACHE_DIR = STATE_DIR / "cache"
 ENV_PREFIXES = ("KATA_",)  # KATA_SEED, KATA_FRESH_SEEDS, ...: what the tests draw and how
 ENV_NAMES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")  # compiled or interpreted, and on which GPU
 GPU_DEVICES = ("/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kfd")  # the NVIDIA driver's GPUs, WSL's, ROCm's
+DRIVER_VERSION = Path("/proc/driver/nvidia/version")  # the NVIDIA driver's, on Linux
 
 
 def enabled(target: Path) -> bool:
@@ -55,11 +58,8 @@ def load(exercise: Exercise, target: Path, run_key: str) -> ExerciseResult | Non
 
 
 def store(result: ExerciseResult, target: Path, run_key: str) -> None:
-    path = _entry_path(result.exercise, target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": run_key, "result": _to_json(result)}), encoding="utf-8")
-    os.replace(tmp, path)  # two graders at once: each entry whole, never half-written
+    """Keep the result under its key: whole, or (.kata/ unwritable) not at all, said once."""
+    keep(_entry_path(result.exercise, target), json.dumps({"key": run_key, "result": _to_json(result)}))
 
 
 def last_seconds(exercise: Exercise, target: Path) -> float:
@@ -85,10 +85,18 @@ def _shared() -> bytes:
 
 
 def _environment() -> list[str]:
-    """The variables the tests read, and whether a GPU can be seen: they change skips and verdicts."""
+    """The variables the tests read, and the GPU: they change skips and verdicts."""
     names = sorted(n for n in os.environ if n.startswith(ENV_PREFIXES) or n in ENV_NAMES)
-    gpu = [path for pattern in GPU_DEVICES for path in sorted(glob.glob(pattern))]
-    return [f"{n}={os.environ[n]}" for n in names] + gpu + [f"nvidia-smi={shutil.which('nvidia-smi')}"]
+    return [f"{n}={os.environ[n]}" for n in names] + _gpu()
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu() -> list[str]:
+    """The GPU devices the system shows, the NVIDIA GPUs by name and the driver's version: another
+    GPU, or a driver that torch can (or no longer can) use, may change a verdict."""
+    devices = [path for pattern in GPU_DEVICES for path in sorted(glob.glob(pattern))]
+    driver = _read(DRIVER_VERSION).decode("utf-8", "replace")
+    return devices + [f"nvidia-smi={shutil.which('nvidia-smi')}", *nvidia_gpus(), driver]
 
 
 def _read(path: Path) -> bytes:

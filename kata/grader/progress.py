@@ -1,9 +1,12 @@
-"""The learner's state under .kata/: exercises passed, hints read, backups of reset files."""
+"""The learner's state under .kata/: exercises passed, hints read, backups of reset files; and how
+every file there is written (whole or not at all), and what happens when .kata/ cannot be written."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -12,6 +15,8 @@ from kata.grader.results import display_path
 
 STATE_DIR = ROOT / ".kata"
 BACKUP_DIR = STATE_DIR / "backups"
+_UNWRITABLE = threading.Event()  # set once .kata/ has been found unwritable and the learner told
+_TELLING = threading.Lock()  # the runner's threads store results at once
 
 
 class Progress:
@@ -43,10 +48,7 @@ class Progress:
                   f"the old file is kept as {display_path(aside)}", file=sys.stderr)
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)  # never a half-written progress file
+        keep(self.path, json.dumps(self.data, indent=2, sort_keys=True))
 
     def has_passed(self, number: str) -> bool:
         return number in self.data["passed"]
@@ -65,6 +67,45 @@ class Progress:
     def set_hints_read(self, number: str, count: int) -> None:
         self.data["hints"][number] = count
         self.save()
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: beside it, then renamed over it, so that a killed
+    run, a full disk or two graders at once never leave half a file. Raises OSError, leaving `path` as
+    it was."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def keep(path: Path, text: str) -> bool:
+    """write_whole for a file under .kata/. One that cannot be written (a read-only course folder, a
+    full disk) costs only what it would have remembered: the learner is told once per run, and the
+    grader goes on. Whether it was written."""
+    try:
+        write_whole(path, text)
+        return True
+    except OSError as error:
+        with _TELLING:
+            if _UNWRITABLE.is_set():
+                return False
+            _UNWRITABLE.set()
+        print(f"note: results are not cached (nor progress and hints read saved): {display_path(STATE_DIR)}/ "
+              f"cannot be written ({reason(error)}). Everything still runs, each exercise tested again every time.",
+              file=sys.stderr)
+        return False
+
+
+def reason(error: OSError) -> str:
+    """An OSError in a learner's words: what went wrong, and where."""
+    where = f": {display_path(error.filename)}" if error.filename else ""
+    return f"{error.strerror or error}{where}"
 
 
 def now() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kata.exercises import SOLUTIONS_DIR, Exercise
-from kata.grader.progress import BACKUP_DIR, backup_names
+from kata.grader.progress import BACKUP_DIR, backup_names, reason, write_whole
 from kata.grader.results import display_path
 from kata.grader.stub import make_stub
 
@@ -31,11 +31,24 @@ def reset(exercises: list[Exercise], target: Path, yes: bool = False) -> int:
     names = ", ".join(display_path(path) for _, path, _ in changed)
     if not yes and not confirm(f"Reset {names} to the stub? Your version is kept as a backup. [y/N] "):
         return 1
+    code = 0
     for ex, path, stub in changed:
-        kept = _backup(ex, path)
-        path.write_text(stub, encoding="utf-8")
+        try:
+            kept = _backup(ex, path)
+        except OSError as error:  # without a backup the reset would lose the learner's file: refuse it
+            print(f"Not reset: {display_path(path)}: its backup could not be written ({reason(error)}), and "
+                  f"without one your version would be lost; nothing was changed. Make {display_path(BACKUP_DIR)}/ "
+                  f"writable (or free disk space), then reset again.")
+            code = 1
+            continue
+        try:
+            write_whole(path, stub)
+        except OSError as error:
+            print(f"Not reset: {display_path(path)} could not be written ({reason(error)}); it is as it was.")
+            code = 1
+            continue
         print(f"reset {display_path(path)}" + (f"; your version is in {display_path(kept)}" if kept else ""))
-    return 0
+    return code
 
 
 def confirm(question: str) -> bool:
@@ -51,14 +64,20 @@ def confirm(question: str) -> bool:
 
 
 def _backup(ex: Exercise, path: Path) -> Path | None:
+    """A copy of the learner's file under .kata/backups/, whole; OSError when none could be written."""
     if not path.is_file():
         return None
     BACKUP_DIR.mkdir(parents=True, exist_ok=True)
     data = path.read_bytes()
     for kept in backup_names(ex.stem):
         try:
-            with kept.open("xb") as out:  # exclusive: two resets in one second never share a name
-                out.write(data)
-            return kept
+            out = kept.open("xb")  # exclusive: two resets in one second never share a name
         except FileExistsError:
             continue
+        try:
+            with out:
+                out.write(data)
+        except OSError:
+            kept.unlink(missing_ok=True)  # half a backup is none
+            raise
+        return kept
