@@ -89,13 +89,19 @@ def triton_mode(cuda_usable: bool, exported: str | None) -> TritonMode:
     return TritonMode(True, NO_GPU + (f"; {INTERPRET}={exported}, exported in this shell, is honoured" if asked else ""))
 
 
+_DECIDED: TritonMode | None = None  # this process's mode, once use_triton_mode has decided it
+
+
 def use_triton_mode(torch) -> TritonMode:
-    """Decide the mode here and put it in os.environ (TRITON_INTERPRET=1, or unset) for Triton to
-    load in. Call it before Triton is imported: Triton, and every @triton.jit function defined
-    after, keeps the mode it was loaded in."""
-    mode = triton_mode(torch.cuda.is_available(), os.environ.get(INTERPRET))
-    if mode.interpreted:
+    """This process's mode, decided (triton_mode) at the first call and the same at every later one,
+    put in os.environ (TRITON_INTERPRET=1, or unset) at each for Triton to load in and each
+    @triton.jit function to be defined in. Call it before Triton is imported: Triton keeps the mode
+    it loaded in, so a later call (the benchmark's, after the tests') must not decide otherwise."""
+    global _DECIDED
+    if _DECIDED is None:
+        _DECIDED = triton_mode(torch.cuda.is_available(), os.environ.get(INTERPRET))
+    if _DECIDED.interpreted:
         os.environ[INTERPRET] = "1"
     else:
         os.environ.pop(INTERPRET, None)
-    return mode
+    return _DECIDED

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from kata.exercises import find, load
-from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason
+from kata.gpu import NO_GPU, bf16_missing, gpu_skip_reason, use_triton_mode
 from kata.unfinished import error_chain, mentions_not_implemented
 
 # How torch says that it has no kernel for these inputs on this machine: SDPA held to one backend
@@ -39,6 +39,7 @@ def gpu_torch(tested_by: str, bf16: bool = True):
     was measured; `tested_by` is the grader command that still tests the kernels on the CPU."""
     try:
         import torch
+        use_triton_mode(torch)  # before Triton loads: on a GPU the kernels run compiled, whatever the shell exported
         import triton  # noqa: F401
     except ImportError as err:
         print(f"The benchmark needs torch and Triton ({err}); nothing was measured.")

@@ -94,6 +94,18 @@ def test_doctor_notes_a_gpu_without_bf16():
                for kind, text in problems)
 
 
+@pytest.fixture
+def undecided(monkeypatch):
+    """This process's Triton mode not yet decided; after the test, the decision and TRITON_INTERPRET
+    as they were (the exercise tests that follow in this process rely on both)."""
+    before = os.environ.get(gpu.INTERPRET)
+    monkeypatch.setattr(gpu, "_DECIDED", None)
+    yield
+    os.environ.pop(gpu.INTERPRET, None)
+    if before is not None:
+        os.environ[gpu.INTERPRET] = before
+
+
 @pytest.mark.parametrize("cuda, exported, interpreted, words", [
     (True, None, False, "torch can use a CUDA GPU"),
     (True, "1", False, "TRITON_INTERPRET=1, exported in this shell, is overridden"),
@@ -101,14 +113,13 @@ def test_doctor_notes_a_gpu_without_bf16():
     (False, "1", True, "TRITON_INTERPRET=1, exported in this shell, is honoured"),
     (False, "0", True, "no CUDA GPU"),
 ], ids=["gpu", "gpu-exported", "cpu", "cpu-exported", "cpu-exported-0"])
-def test_kernels_run_compiled_exactly_where_a_gpu_is_usable(monkeypatch, cuda, exported, interpreted, words):
+def test_kernels_run_compiled_exactly_where_a_gpu_is_usable(undecided, cuda, exported, interpreted, words):
     """One decision for the tests, kata/given and doctor, whatever the shell exported: with
     TRITON_INTERPRET=1 kept on a GPU the interpreter ran on CUDA tensors while the tests and the given
     launch code took it for compiled (NaN from l = 0), and doctor said "compiled on the GPU: works"."""
-    if exported is None:
-        monkeypatch.delenv(gpu.INTERPRET, raising=False)
-    else:
-        monkeypatch.setenv(gpu.INTERPRET, exported)
+    os.environ.pop(gpu.INTERPRET, None)
+    if exported is not None:
+        os.environ[gpu.INTERPRET] = exported
     mode = gpu.use_triton_mode(fake_torch((9, 0), available=cuda))
     assert mode.interpreted == interpreted and os.environ.get(gpu.INTERPRET) == ("1" if interpreted else None)
     if not gpu.triton_missing():
@@ -116,6 +127,9 @@ def test_kernels_run_compiled_exactly_where_a_gpu_is_usable(monkeypatch, cuda, e
         assert launch.interpreted() == interpreted
     assert words in mode.why and mode.label == ("in Triton's interpreter on the CPU" if interpreted
                                                 else "compiled on the GPU")
+    os.environ[gpu.INTERPRET] = "1"
+    assert gpu.use_triton_mode(fake_torch((9, 0), available=not cuda)) == mode  # decided once a process
+    assert os.environ.get(gpu.INTERPRET) == ("1" if interpreted else None)
 
 
 GPU_WITH_THE_VARIABLE = """
