@@ -8,6 +8,20 @@ import pytest
 
 AFTER_CALL = pytest.StashKey[list]()  # checks a fixture leaves for after the test's body (run by conftest)
 
+# A number in a message reads as the learner would write it: 3, not np.int64(3) (NumPy 2's repr of
+# its scalars, which f-strings of tuples and lists of them show).
+np.set_printoptions(legacy="1.25")
+
+
+class NotChecked(Exception):
+    """A lesson rule this test can observe only through a helper the stub defines, raised when the
+    code under test does not use that helper (another split, a loop of its own, an input converted
+    out of sight). The test then passes with the rule reported not checked, and why (conftest):
+    correct code is never failed for its structure or its names."""
+
+    def __init__(self, rule: str, why: str):
+        super().__init__(f"{rule}: not checked, {why}")
+
 
 def describe(name: str, a) -> str:
     """`x (3, 5) float64` — how an input is named in a failure."""

@@ -11,9 +11,9 @@ import zlib
 import numpy as np
 import pytest
 
-from checks import AFTER_CALL
+from checks import AFTER_CALL, NotChecked
 from kata.exercises import find, load, resolve_target
-from kata.grader.pytest_plugin import message_of
+from kata.grader.pytest_plugin import NOT_CHECKED, message_of, not_checked_heading
 from kata.unfinished import mentions_not_implemented
 
 
@@ -59,13 +59,28 @@ def rng(request):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """Run the checks a fixture left in item.stash[AFTER_CALL] once the test's body has passed: a
-    failure there is the test's own, where a fixture's teardown would report an error."""
+    """Run the checks a fixture left in item.stash[AFTER_CALL] once the test's body has passed (or
+    ended on a NotChecked rule): a failure there is the test's own, where a fixture's teardown would
+    report an error."""
     __tracebackhide__ = True
-    result = yield
+    try:
+        result = yield
+    except NotChecked as unseen:  # the test passes; the reports name the rule and why it was not checked
+        item.user_properties.append((NOT_CHECKED, str(unseen)))
+        result = None
     for check in item.stash.get(AFTER_CALL, []):
         check()
     return result
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The rules no test could check, after pytest's own summary: they passed, but unseen."""
+    unseen = sorted({text for report in terminalreporter.stats.get("passed", [])
+                     for name, text in report.user_properties if name == NOT_CHECKED})
+    if unseen:
+        terminalreporter.section(not_checked_heading(len(unseen)))
+        for text in unseen:
+            terminalreporter.line(text)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -10,13 +10,30 @@ import inspect
 
 import numpy as np
 
+from checks import NotChecked
 
-def record_calls(monkeypatch, module, name, keep):
+
+class Calls(list):
+    """What record_calls kept of each call; `unseen` says why no call can be seen, else None."""
+    unseen: str | None = None
+
+
+def record_calls(monkeypatch, module, name, keep, reads=()) -> Calls:
     """Replace module.name by a wrapper that appends keep(arguments by name) for each call, then calls
-    through; returns the list. `keep` copies what it keeps if the caller may change it afterwards."""
-    function = getattr(module, name)
+    through; returns the list. `keep` copies what it keeps if the caller may change it afterwards.
+
+    `name` is a helper the stub defines; code that does without it (another split of the work, the
+    same helper under another name) or gives it other parameters than `reads` (those a check reads)
+    is left as it is, and the Calls say why: the rule is then not checked (see `observed`)."""
+    calls = Calls()
+    function = getattr(module, name, None)
+    if function is None:
+        calls.unseen = f"your file has no {name} (the stub's helper the check watches)"
+        return calls
     signature = inspect.signature(getattr(function, "fn", function))  # a @triton.jit function: its Python one
-    calls = []
+    if missing := [p for p in reads if p not in signature.parameters]:
+        calls.unseen = f"your {name} has no parameter {missing[0]} (the stub's, which the check reads)"
+        return calls
 
     def recorded(*args, **kwargs):
         calls.append(keep(signature.bind(*args, **kwargs).arguments))
@@ -24,6 +41,23 @@ def record_calls(monkeypatch, module, name, keep):
 
     monkeypatch.setattr(module, name, recorded)
     return calls
+
+
+def observed(rule: str, recorded: dict[str, Calls]) -> None:
+    """Raise NotChecked, naming `rule` and why, unless each helper in `recorded` (a name in a message:
+    its Calls) was seen called. Call it after checking what the calls that were seen show."""
+    if why := [calls.unseen or f"{name} was never called (your code does its work without it)"
+               for name, calls in recorded.items() if calls.unseen or not calls]:
+        raise NotChecked(rule, "; ".join(why))
+
+
+def reads_observed(rule: str, **watched: Watched) -> None:
+    """Raise NotChecked, naming `rule`, unless some read of each watched input was seen: code that
+    converts an input first (np.asarray, np.array) reads a plain array, out of sight. Call it after
+    checking the reads that were seen."""
+    if unseen := [name for name, a in watched.items() if not a.log]:
+        raise NotChecked(rule, f"{' and '.join(unseen)} converted before being read (np.asarray and np.array hand "
+                               f"back a plain array, whose reads cannot be seen; NumPy inputs need no conversion)")
 
 
 def asked_outside(asked, flagged, block_q, block_k):

@@ -9,7 +9,7 @@ import pytest
 import oracles
 from checks import assert_close, assert_unmodified, describe
 from oracles import DTYPES, TOL, dims_id, scores_with_masked_keys
-from spies import watch
+from spies import reads_observed, watch
 
 MASKED_ROW = "a fully masked row (all -inf) gives m = -inf, l = 0 and weights of all 0, never NaN"
 RESCALE = "when a block raises the max from m to m_new, l is multiplied by exp(m - m_new)"
@@ -165,10 +165,6 @@ def check_block_reads(log, shape, block_size, what, convention, in_order):
     """Each logged read of the watched x covers at most block_size columns of a row; with
     `in_order`, the blocks of a row also come left to right, never back to an earlier column."""
     __tracebackhide__ = True
-    if not log:
-        raise AssertionError(f"{what}: no NumPy operation read x itself, so the blocks cannot be checked\n"
-                             f"  convention: {convention}; work on x directly (np.asarray and np.array "
-                             f"hand back a plain array whose reads this test cannot see; x needs no conversion)")
     n = shape[-1]
     last_start = {}
     for index in log:
@@ -196,13 +192,14 @@ def test_stats_are_one_pass_in_blocks(ex, rng, block_size):
     columns of a row, and the blocks of a row must come left to right, never back to an earlier
     column. This proves the order of the reads, not the arithmetic (the other tests check that).
     Its limit: np.asarray(x) or np.array(x) hands back a plain array whose reads cannot be seen,
-    so a solution that converts x fails here; x is a NumPy array already and needs no conversion.
+    so code that converts x passes with this rule reported not checked.
     """
     x = rng.standard_normal((2, 3, 13))
     watched = watch(x)
     ex.online_softmax_stats(watched, block_size)
     check_block_reads(watched.log, x.shape, block_size,
                       f"online_softmax_stats({describe('x', x)}, block_size={block_size})", ONE_PASS, in_order=True)
+    reads_observed("02's stats pass (one pass over x, in blocks, left to right)", x=watched)
 
 
 @pytest.mark.parametrize("block_size", [2, 5], ids=lambda b: f"b{b}")
@@ -219,3 +216,4 @@ def test_normalising_pass_is_in_blocks(ex, rng, block_size):
     check_block_reads(watched.log, x.shape, block_size, f"online_softmax({describe('x', x)}, block_size={block_size})",
                       "both passes walk the row in blocks of at most block_size columns: fill p block by block",
                       in_order=False)
+    reads_observed("02's normalising pass (x read in blocks)", x=watched)

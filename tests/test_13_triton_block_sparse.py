@@ -23,12 +23,13 @@ import pytest
 
 import oracles
 from checks import assert_unmodified
+from spies import observed
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
 import bounds_check  # noqa: E402 - only once torch is known to import
 from oracles_torch import attention_grads  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy, assert_called,  # noqa: E402
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
                             low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
@@ -565,12 +566,11 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
     """
     mask, bm, allowed, partial, full = build(ex, causal(), n_q, n_k, block_q, block_k)
     bm = with_garbage(bm, partial, full, rng)
-    masked = record_by_launch(monkeypatch, ex, KERNELS, given_masks, "tile_allowed")
+    masked = record_by_launch(monkeypatch, ex, KERNELS, given_masks, "tile_allowed", reads=("rows", "keys", "RAGGED"))
     run(ex, *qkv_do(rng, 1, 1, n_q, n_k, 16), bm, mask)
     what = f"block_sparse_attention(q (1, 1, {n_q}, 16), k/v (1, 1, {n_k}, 16), causal, blocks {block_q} x {block_k})"
-    assert_called(what, {f"masks.tile_allowed in {KERNELS[k][0]} ({k})": calls for k, calls in masked.items()}, STAGES)
     ragged = given_masks.ragged(bm)
-    for kernel, calls in masked.items():
+    for kernel, calls in filter(lambda item: item[1], masked.items()):  # a kernel that masks its own way: below
         passed = sorted({bool(c["RAGGED"]) for c in calls})
         assert passed == [ragged], (
             f"{what}: {KERNELS[kernel][0]} ({kernel}) called masks.tile_allowed with RAGGED = "
@@ -588,6 +588,8 @@ def test_each_kernel_masks_exactly_the_tiles_that_need_it(ex, rng, monkeypatch, 
         raise AssertionError(f"{what}: {KERNELS[kernel][0]} ({kernel}) masked the tile at query row {r0}, key "
                              f"{c0} {got[(r0, c0)]} time(s), expected {want[(r0, c0)]}: it lies in block ({i}, {j}), "
                              f"{kind}\n  convention: {STAGES}; {WALK}")
+    observed("13's stages (each kernel masks exactly the tiles that need it)",
+             {f"masks.tile_allowed in {KERNELS[k][0]} ({k})": calls for k, calls in masked.items()})
 
 
 @interpreted_only
@@ -689,6 +691,7 @@ def test_gpu_training_matches_sdpa(ex, rng):
                    lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed),
                    f"model under sliding_window({w})", "the gradients of block_sparse_attention are those of "
                    "softmax(scale q kᵀ, masked) v, SDPA given the same mask as a boolean attn_mask")
+
 
 # ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
 from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)

@@ -23,7 +23,7 @@ from kata.given.precision import dot_precision
 from kata.gpu import bf16_missing, gpu_skip_reason, triton_missing, use_triton_mode
 from kata.unfinished import error_chain
 from oracles_torch import attention
-from spies import record_calls
+from spies import Calls, record_calls
 
 if missing := triton_missing():
     pytest.skip(f"skipped: {missing}", allow_module_level=True)
@@ -267,23 +267,27 @@ def check_precision(got, expected, baseline, what: str, convention: str = "", na
                                                                                   if convention else ""))
 
 
-def record_stages(monkeypatch, module, name: str) -> list[dict]:
+def record_stages(monkeypatch, module, name: str, reads=()) -> Calls:
     """Wrap the @triton.jit helper module.name so that each call, made while the interpreter runs a
     kernel as Python, appends its arguments by name: integers as ints, index vectors as NumPy
-    arrays, constexprs as their values. The helper's own work goes on unchanged."""
+    arrays, constexprs as their values. The helper's own work goes on unchanged. `reads`: the
+    parameters the check reads; without one of them (or the helper) nothing is recorded, and why
+    (spies.record_calls)."""
     def plain(value):
         value = getattr(value, "value", value)  # a tl.constexpr
         data = getattr(getattr(value, "handle", None), "data", None)  # an interpreted tensor
         return value if data is None else (data.item() if data.size == 1 else data.copy())  # index vectors hold >= 16
 
-    return record_calls(monkeypatch, module, name, lambda args: {key: plain(value) for key, value in args.items()})
+    return record_calls(monkeypatch, module, name, lambda args: {key: plain(value) for key, value in args.items()},
+                        reads)
 
 
-def record_by_launch(monkeypatch, module, kernels, helper_module, helper: str) -> dict[str, list[dict]]:
+def record_by_launch(monkeypatch, module, kernels, helper_module, helper: str, reads=()) -> dict[str, Calls]:
     """record_stages on helper_module.helper, each call filed under the kernel of `kernels` (names of
-    module's kernels) whose launch ran it: the interpreter runs a launch to its end before the next."""
-    calls = record_stages(monkeypatch, helper_module, helper)
-    by_kernel = {name: [] for name in kernels}
+    module's kernels, as the stub defines them) whose launch ran it: the interpreter runs a launch to
+    its end before the next. A kernel the module does not have records nothing, and says so."""
+    calls = record_stages(monkeypatch, helper_module, helper, reads)
+    by_kernel = {name: Calls() for name in kernels}
 
     class Named:
         """Stands for a kernel in `kernel[grid](...)`, keeping the calls its launch makes."""
@@ -299,17 +303,11 @@ def record_by_launch(monkeypatch, module, kernels, helper_module, helper: str) -
             return launch
 
     for name in kernels:
-        monkeypatch.setattr(module, name, Named(name))
+        by_kernel[name].unseen = calls.unseen or (None if hasattr(module, name) else
+                                                  f"your file has no {name} (the stub's kernel the check names)")
+        if by_kernel[name].unseen is None:
+            monkeypatch.setattr(module, name, Named(name))
     return by_kernel
-
-
-def assert_called(what: str, recorded: dict[str, list], convention: str = "") -> None:
-    """Each helper record_stages wrapped was called: a kernel that folds its tiles without it (a loop
-    of its own, the helper under another name) would leave its stages unchecked."""
-    never = [name for name, calls in recorded.items() if not calls]
-    assert not never, (f"{what}: {' and '.join(never)} never called: the kernels fold their tiles through "
-                       f"{'it' if len(never) == 1 else 'them'}, and this check sees there which tiles run MASKED"
-                       + (f"\n  convention: {convention}" if convention else ""))
 
 
 def masked_tiles(calls: list[dict], block: str) -> list[tuple[dict, int]]:

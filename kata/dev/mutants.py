@@ -8,6 +8,9 @@ A mutant is a solution with one bug, written as text replacements in mutants/NN_
     replace = [["np.exp(x - m)", "np.exp(x)"]]
 
 Each `old` text must occur exactly once in the solution, so a mutant cannot silently go stale.
+A bug seen only through a helper the stub defines, hidden by not using that helper, is marked
+`not_checked = true`: the tests pass it, as they pass correct code of that structure, and must
+report the rule not checked.
 
     python -m kata.dev.mutants                  # every exercise
     python -m kata.dev.mutants 02 03            # some
@@ -32,6 +35,7 @@ class Mutant:
     name: str
     bug: str
     replace: tuple[tuple[str, str], ...]
+    not_checked: bool = False  # hidden from the check of its rule: passes, and must be reported not checked
 
     def source(self) -> str:
         text = (SOLUTIONS_DIR / self.exercise.filename).read_text(encoding="utf-8")
@@ -50,15 +54,19 @@ def load_mutants(exercise: Exercise) -> list[Mutant]:
     if not path.exists():
         return []
     entries = tomllib.loads(path.read_text(encoding="utf-8"))["mutant"]
-    return [Mutant(exercise, e["name"], e["bug"], tuple(map(tuple, e["replace"]))) for e in entries]
+    return [Mutant(exercise, e["name"], e["bug"], tuple(map(tuple, e["replace"])), e.get("not_checked", False))
+            for e in entries]
 
 
 def run_one(mutant: Mutant, fresh_seeds: bool = False) -> tuple[Mutant, str, float]:
-    """Run the exercise's tests against the mutant; 'killed' when a test fails."""
+    """Run the exercise's tests against the mutant; 'killed' when a test fails, 'not checked' when a
+    mutant marked so passes with its rule reported not checked."""
     outcome = run_tests(mutant.exercise, mutant.source(), TIMEOUT_S, first_failure=True, fresh_seeds=fresh_seeds)
     # A timeout proves nothing: a mutant that only runs slowly would count as killed.
     verdict = {"passed": "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
         outcome.verdict, outcome.verdict)
+    if mutant.not_checked and outcome.verdict == "passed" and outcome.not_checked:
+        verdict = "not checked"
     return mutant, verdict, outcome.seconds
 
 
@@ -67,15 +75,16 @@ def main(argv: list[str]) -> int:
     mutants = [m for ex in exercises for m in load_mutants(ex)]
     for m in mutants:
         m.source()  # a stale mutant is an error before anything runs
-    survivors = 0
+    verdicts = []
     with trials() as pool:
         for mutant, verdict, seconds in pool.map(lambda m: run_one(m, fresh), mutants):
-            survivors += verdict != "killed"
+            verdicts.append(verdict)
             print(f"{mutant.exercise.number} {mutant.name:<32} {verdict:<18} {seconds:5.1f}s  {mutant.bug}",
                   flush=True)
-    killed = len(mutants) - survivors
-    print(f"mutants: {killed} of {len(mutants)} killed" + (f", {survivors} not killed" if survivors else "")
-          + (" (fresh seeds)" if fresh else ""))
+    killed, reported = verdicts.count("killed"), verdicts.count("not checked")
+    survivors = len(mutants) - killed - reported
+    print(f"mutants: {killed} of {len(mutants)} killed" + (f", {reported} reported not checked" if reported else "")
+          + (f", {survivors} not killed" if survivors else "") + (" (fresh seeds)" if fresh else ""))
     return 1 if survivors or not mutants else 0
 
 

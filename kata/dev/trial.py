@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kata.exercises import EXERCISES, Exercise, find
 from kata.grader import launch
+from kata.grader.pytest_plugin import NOT_CHECKED_HEADING
 from kata.grader.runner import end_all, process_environment, run_pytest
 
 
@@ -19,6 +20,7 @@ class Outcome:
     verdict: str  # "passed", "failed" (a test failed), "timeout", or "error (pytest exit N)"
     seconds: float
     summary: str  # pytest's last line, or what went wrong
+    not_checked: int = 0  # rules the passing tests could not observe (the code did without their helpers)
 
 
 def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bool = False,
@@ -52,7 +54,8 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
         summary += _first_failure(lines)
     else:
         verdict = f"error (pytest exit {returncode})"
-    return Outcome(verdict, seconds, summary)
+    unseen = NOT_CHECKED_HEADING.search(output)
+    return Outcome(verdict, seconds, summary, int(unseen.group(1)) if unseen else 0)
 
 
 @contextlib.contextmanager

@@ -4,11 +4,13 @@ The grader's runner reads FILE, even when the run was cut short: a "start" line 
 says which test was running when a process hung or died, a "finish" line says pytest ended on its
 own. Each "test" line holds the outcome, whether a stub's NotImplementedError caused it, whether the
 test is marked `given`, the skip reason, the test's own message and where in the learner's file
-the error happened.
+the error happened, and the rules the test passed without checking (the user property NOT_CHECKED,
+set by tests/conftest.py: the learner's code did not use the helper through which a rule is seen).
 """
 from __future__ import annotations
 
 import json
+import re
 import traceback
 from pathlib import Path
 
@@ -18,6 +20,16 @@ from kata.unfinished import error_chain, mentions_not_implemented
 
 MAX_LINES, MAX_CHARS, MAX_STDOUT = 12, 1500, 500  # what a learner is shown of one failure
 TIMEOUT_PREFIX = "Timeout (>"  # pytest-timeout's failure message
+NOT_CHECKED = "not_checked"  # a test's user property: a rule it could not observe, and why
+
+
+def not_checked_heading(count: int) -> str:
+    """The heading over the rules a pytest run passed without checking (tests/conftest.py prints it;
+    NOT_CHECKED_HEADING finds it in pytest's output)."""
+    return f"{count} rule{'s' * (count != 1)} not checked (their tests pass)"
+
+
+NOT_CHECKED_HEADING = re.compile(r" (\d+) rules? not checked \(their tests pass\) ")
 
 
 def pytest_addoption(parser):
@@ -117,8 +129,11 @@ class Recorder:
     def pytest_runtest_logreport(self, report):
         test = self.tests.setdefault(report.nodeid, dict(
             event="test", nodeid=report.nodeid, outcome="passed", phase="call", given=False,
-            skip_reason=None, seconds=0.0, error=None, stdout="", about=getattr(report, "kata_about", "")))
+            skip_reason=None, seconds=0.0, error=None, stdout="", about=getattr(report, "kata_about", ""),
+            not_checked=[]))
         test["seconds"] += report.duration
+        test["not_checked"] += [text for name, text in report.user_properties
+                                if name == NOT_CHECKED and text not in test["not_checked"]]
         test["given"] |= getattr(report, "kata_given", False)
         if report.capstdout:
             test["stdout"] = cap(test["stdout"] + report.capstdout, 10 ** 6, MAX_STDOUT)

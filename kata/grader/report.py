@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 from tabulate import tabulate
 
@@ -16,6 +17,7 @@ BAR = 30  # characters in the progress bar
 DETAIL_TESTS = 5  # failing test functions shown in full by `python grader.py NN`, one case each
 PRINTED_LINES = 8  # of what a failing test printed
 ABOUT = "bugs this test catches (yours may be one, or another)"  # before the test's docstring
+CONVENTION = "  convention:"  # how a test's message states the rule it enforces (tests/checks.py)
 BENCH = "python grader.py --bench    (python grader.py --help lists every benchmark)"
 
 
@@ -34,8 +36,8 @@ def progress(results: list[ExerciseResult]) -> str:
 
 def summary(results: list[ExerciseResult], target_label: str) -> str:
     """The whole report: title, table, progress bar and the next step."""
-    parts = [f"FlashAttention Kata: testing {target_label}", "", table(results), *skipped_why(results), "",
-             progress(results), ""]
+    parts = [f"FlashAttention Kata: testing {target_label}", "", table(results), *skipped_why(results),
+             *cached_why(results), "", progress(results), ""]
     return "\n".join(parts + [next_step(results)])
 
 
@@ -43,6 +45,20 @@ def skipped_why(results: list[ExerciseResult]) -> list[str]:
     """Why each exercise that could not run here was skipped, in full: the table's note is cut."""
     return [line for r in results if r.status == SKIPPED
             for line in _wrap(f"{r.exercise.number} skipped: {r.note}", indent="")]
+
+
+def cached_why(results: list[ExerciseResult]) -> list[str]:
+    """Which rows are an earlier run's, unchanged since: their times were measured then, not now."""
+    cached = [r for r in results if r.cached]
+    if not cached:
+        return []
+    numbers = format_numbers([r.exercise.number for r in cached])
+    when = when_ran(max(r.finished_at for r in cached))
+    return _wrap(f"cached: {numbers} unchanged since an earlier run (the latest {when}), not run again", indent="")
+
+
+def when_ran(finished_at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(finished_at))
 
 
 def next_step(results: list[ExerciseResult]) -> str:
@@ -86,7 +102,12 @@ def details(result: ExerciseResult) -> str:
     ex, note = result.exercise, f" ({result.note})" if result.note else ""
     untouched = result.status == NOT_STARTED and not result.tests  # the stub as given: no test was run
     ran = ", no test run: the file is untouched" if untouched else f", {result.seconds:.1f} s"
+    if result.cached:
+        ran = f", cached from {when_ran(result.finished_at)} (the file and its tests unchanged since)"
     lines = [f"{ex.number} {ex.name}: {result.status}{tally(result)}{ran}{note}"]
+    if result.not_checked:  # passed all the same: a rule is seen only through a helper the code did not use
+        lines += ["", "Rules not checked (the tests see them only through the stub's helpers):"]
+        lines += [wrapped for text in result.not_checked for wrapped in _wrap(text, indent="  ")]
     broken = [t for t in result.tests if t.broken]
     if result.status not in (FAILING, NOT_STARTED):  # crashed, timed out, missing: one cause
         broken = []
@@ -100,10 +121,11 @@ def details(result: ExerciseResult) -> str:
     checks = _by_function([t for t in broken if not t.flag("not_implemented")])  # wrong before unwritten
     for first, *others in checks[:DETAIL_TESTS]:
         seed = first.error.get("seed") if first.error else None
-        # The docstring names the bugs the test was written to catch: candidates, not a diagnosis.
-        about = _wrap(f"{ABOUT}: {first.about}", indent="  ") if first.about else []
+        # The docstring names the bugs the test was written to catch: candidates, not a diagnosis,
+        # shown before the convention's longer words.
+        about = _wrap(f"  {ABOUT}: {first.about}") if first.about else []
         also = [_also_failing(others)] if others else []
-        lines += ["", f"FAILED {first.name}"] + _failure_lines(Failure.of(first), seed=seed) + also + about
+        lines += ["", f"FAILED {first.name}"] + _failure_lines(Failure.of(first), seed=seed, about=about) + also
     if len(checks) > DETAIL_TESTS:
         lines += ["", f"... and {len(checks) - DETAIL_TESTS} more failing tests"]
     if stubs and checks:
@@ -141,7 +163,7 @@ def as_json(results: list[ExerciseResult], target: str) -> str:
     return json.dumps({
         "target": target,
         "exercises": [dict(number=r.exercise.number, name=r.exercise.name, status=r.status, passed=r.passed,
-                           total=r.total, seconds=round(r.seconds, 3), note=r.note,
+                           total=r.total, seconds=round(r.seconds, 3), cached=r.cached, note=r.note,
                            first_failure=_failure_json(r.failure)) for r in results],
         "passed": sum(r.ok for r in results),
         "total": len(results),
@@ -154,8 +176,12 @@ def all_ok(results: list[ExerciseResult]) -> bool:
     return all(r.status in (PASSED, SKIPPED) for r in results)
 
 
-def _failure_lines(failure: Failure, max_lines: int = 40, seed: int | None = None) -> list[str]:
-    message = [wrapped for line in failure.message.splitlines() for wrapped in _wrap(line)]
+def _failure_lines(failure: Failure, max_lines: int = 40, seed: int | None = None, about: list[str] = ()) -> list[str]:
+    """The test's message, `about` (the bugs it catches) before the message's convention, then where
+    in the learner's file, what the code printed and the seed."""
+    head, mark, convention = failure.message.partition(f"\n{CONVENTION}")
+    message = [wrapped for line in head.splitlines() for wrapped in _wrap(line)] + list(about)
+    message += [wrapped for line in (mark + convention).strip("\n").splitlines() for wrapped in _wrap(line)]
     if len(message) > max_lines:
         message = message[:max_lines] + [f"    ... ({len(message) - max_lines} more lines)"]
     lines = message
@@ -194,6 +220,8 @@ def _count(r: ExerciseResult) -> str:
 
 
 def _time(r: ExerciseResult) -> str:
+    if r.cached:
+        return "cached"
     return f"{r.seconds:.1f}s" if r.seconds else "-"
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from kata.grader.stub import Stub, todo_message
 PASSED, FAILING, NOT_STARTED = "passed", "failing", "not started"
 CRASHED, TIMED_OUT, SKIPPED, MISSING = "crashed", "timed out", "skipped", "missing"
 INTERRUPTED_EXITS = {2, 3, 4}  # pytest: interrupted, internal error, usage error
+STARTED = time.time()  # this grader's start: a result finished before it was read from the cache
 
 
 @dataclass
@@ -24,6 +26,7 @@ class TestResult:
     error: dict | None = None  # message, not_implemented, timeout, exit, frames
     stdout: str = ""
     about: str = ""  # the test's docstring, first line: the bug it catches
+    not_checked: list[str] = field(default_factory=list)  # rules it passed without seeing, and why
 
     @property
     def name(self) -> str:
@@ -62,19 +65,33 @@ class ExerciseResult:
     note: str = ""
     failure: Failure | None = None
     tests: list[TestResult] = field(default_factory=list)
+    finished_at: float = 0.0  # when its test run ended (time.time()); 0 where no test ran
 
     @property
     def ok(self) -> bool:
         return self.status == PASSED
+
+    @property
+    def cached(self) -> bool:
+        """The result of an earlier grader's run, the file unchanged since: its seconds are that run's."""
+        return 0 < self.finished_at < STARTED
+
+    @property
+    def not_checked(self) -> list[str]:
+        """The rules some passing test could not observe, and why, each once (parametrized cases repeat them)."""
+        return list(dict.fromkeys(text for t in self.tests if t.outcome == "passed" for text in t.not_checked))
 
 
 def classify(exercise: Exercise, path: Path, events: list[dict], *, returncode: int | None, killed_after: float | None,
              seconds: float, output: str) -> ExerciseResult:
     """The exercise's status from the plugin's events and how the process ended."""
     tests = [TestResult(**{k: v for k, v in e.items() if k != "event"}) for e in events if e["event"] == "test"]
-    counted = [t for t in tests if not t.given and t.outcome != "skipped"]
-    result = ExerciseResult(exercise, path, FAILING, sum(t.outcome == "passed" for t in counted), len(counted),
-                            seconds, tests=tests)
+    # The tally is pytest's: every test that ran, those of the given code too (a stub passes them, so
+    # they do not decide whether the exercise was started).
+    ran = [t for t in tests if t.outcome != "skipped"]
+    counted = [t for t in ran if not t.given]
+    result = ExerciseResult(exercise, path, FAILING, sum(t.outcome == "passed" for t in ran), len(ran), seconds,
+                            tests=tests, finished_at=time.time())
     if _cut_short(result, events, returncode, killed_after, output):
         return result
     skipped = [t for t in tests if t.outcome == "skipped"]
@@ -87,7 +104,9 @@ def classify(exercise: Exercise, path: Path, events: list[dict], *, returncode: 
     if counted and all(t.flag("not_implemented") for t in counted):
         return _with(result, NOT_STARTED, Failure.of(counted[0]), note)
     if first is None:
-        return _with(result, PASSED, note=note)
+        unseen = len(result.not_checked)
+        unseen_note = f"{unseen} rule{'s' * (unseen != 1)} not checked" if unseen else ""
+        return _with(result, PASSED, note="; ".join(filter(None, (unseen_note, note))))
     return _with(result, FAILING, Failure.of(first), note)
 
 

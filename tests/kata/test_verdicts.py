@@ -1,14 +1,21 @@
 """Verdicts as a learner reads them: the failed check comes first, and the same code gets the same counts."""
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from kata.exercises import ROOT, find
+from hbm_helpers import check_closed_forms
+from kata.exercises import ROOT, SOLUTIONS_DIR, find
 from kata.dev.mutants import load_mutants
 from kata.dev.trial import parse_args, run_tests
+from kata.grader.report import details, table
+from kata.grader.results import STARTED, classify
 
 
 def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:
@@ -58,3 +65,58 @@ def test_the_compile_check_runs_as_a_script_where_it_cannot_fork():
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu_compile.py")], input="[]", capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "[]", done.stderr[-2000:]
+
+
+def test_a_helper_the_code_does_without_leaves_its_rule_not_checked_not_failed(tmp_path):
+    """A 09 whose kernels walk their tiles without _dkdv_tiles (here: under another name) failed with
+    an AttributeError from the spy: it passes, with the stage rule reported not checked and why."""
+    exercise = find("09")
+    source = (SOLUTIONS_DIR / exercise.filename).read_text(encoding="utf-8").replace("_dkdv_tiles", "_dkdv_walk")
+    (tmp_path / exercise.filename).write_text(source, encoding="utf-8")
+    results = tmp_path / "results.jsonl"
+    done = subprocess.run([sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(tmp_path), "-q",
+                           "-k", "only_tiles", "-p", "kata.grader.pytest_plugin", "--kata-results", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stdout, done.stdout[-3000:]
+    assert "1 rule not checked (their tests pass)" in done.stdout, done.stdout[-3000:]
+    events = [json.loads(line) for line in results.read_text().splitlines()]
+    tests = [e for e in events if e["event"] == "test"]
+    assert tests and all(t["outcome"] == "passed" for t in tests), tests
+    result = classify(exercise, tmp_path / exercise.filename, events, returncode=0, killed_after=None, seconds=1.0,
+                      output="")
+    assert result.ok and result.note == "1 rule not checked", result.note
+    assert "your file has no _dkdv_tiles" in details(result), details(result)
+
+
+def test_numbers_in_messages_print_as_a_learner_writes_them():
+    """A closed form returning NumPy ints printed as (np.int64(3), np.int64(4)) in its message."""
+    ex = SimpleNamespace(flash_io=lambda *args, causal: (np.int64(3), np.int64(4)))
+    with pytest.raises(AssertionError) as failure:
+        check_closed_forms(ex, {"flash_io": (3, 5)}, 8, 2, 4, 4, False)
+    assert "expected (reads, writes) = (3, 5), got (3, 4)" in str(failure.value), str(failure.value)
+
+
+def test_a_cached_result_says_when_it_ran_not_how_long_it_took():
+    """A verdict read from the cache showed the first run's seconds as if this run had measured them."""
+    exercise = find("01")
+    events = [{"event": "test", "nodeid": "t.py::a", "outcome": "passed"}, {"event": "finish", "exitstatus": 0}]
+    fresh = classify(exercise, Path("exercises") / exercise.filename, events, returncode=0, killed_after=None,
+                     seconds=12.5, output="")
+    assert not fresh.cached and "12.5 s" in details(fresh) and "12.5s" in table([fresh])
+    cached = dataclasses.replace(fresh, finished_at=STARTED - 3600)
+    assert cached.cached and "12.5" not in details(cached) + table([cached])
+    assert re.search(r"passed, 1 of 1 tests pass, cached from \d{4}-\d\d-\d\d \d\d:\d\d", details(cached))
+
+
+def test_the_grader_counts_the_tests_pytest_counts(tmp_path):
+    """The grader left out the tests of given code (they pass on a stub): "31 of 31" where pytest said
+    "45 passed" for the same file. Skipped tests are named apart by both."""
+    exercise = find("10")
+    (tmp_path / exercise.filename).write_bytes((SOLUTIONS_DIR / exercise.filename).read_bytes())
+    ran = subprocess.run([sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(tmp_path), "-q"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    passed = re.search(r"(\d+) passed", ran.stdout.strip().splitlines()[-1])
+    graded = json.loads(subprocess.run([sys.executable, "grader.py", "10", "--target", str(tmp_path), "--json"],
+                                       cwd=ROOT, capture_output=True, text=True, timeout=300).stdout)
+    row = graded["exercises"][0]
+    assert passed and row["passed"] == row["total"] == int(passed.group(1)), (ran.stdout[-500:], row)
