@@ -24,6 +24,7 @@ from kata.gpu import bf16_missing, gpu_skip_reason, triton_missing, use_triton_m
 from kata.unfinished import error_chain
 from oracles_torch import attention
 from spies import Calls, record_calls
+from torch_settings import float32_matmul_precision
 
 if missing := triton_missing():
     pytest.skip(f"skipped: {missing}", allow_module_level=True)
@@ -174,10 +175,8 @@ def tolerance(dtype, table=FORWARD_TOL) -> float:
 @pytest.fixture
 def torch_default_float32():
     """torch's default float32 matmul setting, full float32 (no TF32), for the test; the session's after."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
+    with float32_matmul_precision("highest"):
+        yield
 
 
 def visible(kv_lens, B, n_k, lo=0, hi=None):

@@ -1,16 +1,12 @@
 """The compile check reads how each tl.dot multiplies float32 from the IR it builds (tests/gpu_compile.py):
 IEEE under torch's default setting, as torch's matmuls; TF32 allowed where the user asked torch for it."""
-import sys
-
 import pytest
 
-torch = pytest.importorskip("torch", reason="skipped: the compile check runs torch's kernels")
+pytest.importorskip("torch", reason="skipped: the compile check runs torch's kernels")
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
-from kata.exercises import ROOT  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "tests"))
 from gpu_compile import compile_for_gpus, dot_precisions  # noqa: E402
+from torch_settings import float32_matmul_precision  # noqa: E402
 
 # One float32 product per kernel, as a learner might write it: through the wrapper's PRECISION, or not.
 PROBES = '''
@@ -51,15 +47,6 @@ def probes(tmp_path):
     return launch
 
 
-@pytest.fixture
-def tf32_asked():
-    """torch asked for TF32 in float32 matmuls, as a user does for speed; its setting restored after."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    yield
-    torch.set_float32_matmul_precision(saved)
-
-
 def test_float32_dots_must_be_ieee_under_torchs_default(probes):
     """TF32 hard-coded, or left to tl.dot's default (TF32), where torch computes float32 in full:
     named with the line and the rule; the given precision and "ieee" pass."""
@@ -82,9 +69,12 @@ def test_a_float16_launch_is_judged_as_its_float32_copy(probes):
     assert any("`c = tl.dot(a, b, input_precision=PRECISION)`" in line for line in lines), lines
 
 
-def test_tf32_passes_where_torch_was_asked_for_it_and_ieee_too(probes, tf32_asked):
-    """torch.set_float32_matmul_precision("high"): TF32 is what the user asked for, and IEEE is
-    slower, never less exact: every way passes, and the float16 launch's float32 copy too."""
-    assert dot_precisions() == {"float16": "ieee", "float32": "tf32"}
-    launches = [probes(how, "float32", "tf32") for how in ("given", "ieee", "tf32", "default")]
-    assert compile_for_gpus(launches + [probes("given", "float16", "ieee")]) == []
+def test_tf32_passes_where_torch_was_asked_for_it_and_ieee_too(probes):
+    """torch.set_float32_matmul_precision("high"), as a user sets it for speed: TF32 is what was
+    asked for, and IEEE is slower, never less exact: every way passes, the float16 launch's float32
+    copy too."""
+    with float32_matmul_precision("high"):
+        assert dot_precisions() == {"float16": "ieee", "float32": "tf32"}
+        launches = [probes(how, "float32", "tf32") for how in ("given", "ieee", "tf32", "default")]
+        launches.append(probes("given", "float16", "ieee"))
+    assert compile_for_gpus(launches) == []

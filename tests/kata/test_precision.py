@@ -3,16 +3,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="skipped: the kernels' precision rule reads torch's settings")
 from kata.given.precision import dot_precision  # noqa: E402 - only once torch is known to import
+from torch_settings import float32_matmul_precision  # noqa: E402
 
 HALVES = (torch.float16, torch.bfloat16)
-
-
-@pytest.fixture(autouse=True)
-def torch_settings():
-    """torch's float32 matmul setting as it was before each test (allow_tf32 follows it)."""
-    saved = torch.get_float32_matmul_precision()
-    yield
-    torch.set_float32_matmul_precision(saved)
 
 
 def test_float32_is_ieee_by_default():
@@ -23,18 +16,19 @@ def test_float32_is_ieee_by_default():
 @pytest.mark.parametrize("setting", ["high", "medium"])
 def test_float32_is_tf32_where_the_matmul_precision_allows_it(setting):
     """torch.set_float32_matmul_precision("high") or "medium" ignored: the user asked for TF32's speed."""
-    torch.set_float32_matmul_precision(setting)
-    assert dot_precision(torch.float32) == "tf32"
-    torch.set_float32_matmul_precision("highest")
-    assert dot_precision(torch.float32) == "ieee"
+    with float32_matmul_precision(setting):
+        assert dot_precision(torch.float32) == "tf32"
+        torch.set_float32_matmul_precision("highest")
+        assert dot_precision(torch.float32) == "ieee"
 
 
 def test_float32_is_tf32_where_allow_tf32_is_set():
     """torch.backends.cuda.matmul.allow_tf32 = True ignored (the older switch for the same thing)."""
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert dot_precision(torch.float32) == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    assert dot_precision(torch.float32) == "ieee"
+    with float32_matmul_precision("highest"):  # which puts allow_tf32 back too
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert dot_precision(torch.float32) == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert dot_precision(torch.float32) == "ieee"
 
 
 def test_float32_is_tf32_where_fp32_precision_is_tf32():
@@ -55,5 +49,5 @@ def test_float32_is_tf32_where_fp32_precision_is_tf32():
 def test_half_dtypes_are_unaffected(setting):
     """float16 and bfloat16 get "ieee" whatever the setting (Triton ignores it for them), so a float16
     launch carries the constexpr a float32 one does under torch's default."""
-    torch.set_float32_matmul_precision(setting)
-    assert [dot_precision(dtype) for dtype in HALVES] == ["ieee", "ieee"]
+    with float32_matmul_precision(setting):
+        assert [dot_precision(dtype) for dtype in HALVES] == ["ieee", "ieee"]
