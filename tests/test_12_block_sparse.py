@@ -143,8 +143,9 @@ def check_lists(what, got, want, names, per, convention):
     counts, indices = names
     for b in range(len(w_counts)):
         got_list, want_list = g_indices[b, :g_counts[b]].tolist(), w_indices[b, :w_counts[b]].tolist()
-        assert got_list == want_list, (f"{what}: {per(b)}: {indices}[{b}, :{counts}[{b}]] = {got_list}, "
-                                       f"expected {want_list}\n  convention: {convention}")
+        if got_list != want_list:
+            raise AssertionError(f"{what}: {per(b)}: {indices}[{b}, :{counts}[{b}]] = {got_list}, expected "
+                                 f"{want_list}\n  convention: {convention}")
 
 
 def check_block_mask(got, allowed, block_q, block_k, label):
@@ -287,18 +288,23 @@ def test_mask_only_on_partial_tiles(ex, rng, function):
                       int(np.min(kv_idx)) // block_k, int(np.max(kv_idx)) // block_k))
         return ex.sliding_window(6)(q_idx, kv_idx)
     allowed = dense(ex.sliding_window(6), n, n)
-    partial, _ = tile_kinds(allowed, block_q, block_k)
+    partial, full = tile_kinds(allowed, block_q, block_k)
     bm = oracle_mask(allowed, block_q, block_k, rng)
     if function == "block_sparse_attention":
         ex.block_sparse_attention(*random_qkv(rng, n, n, 4, 3), bm, spy)
     else:
         ex.block_sparse_flash(flash_hbm(rng, allowed, n, 3, block_q, block_k)[0], bm, spy)
+    what = f"{function}(sliding_window(6), n={n}, blocks {block_q} x {block_k})"
+    rule = "the mask is asked about partial tiles only (some pair masked, some not), one tile at a time"
     for i0, i1, j0, j1 in asked:
-        assert i0 == i1 and j0 == j1 and partial[i0, j0], (
-            f"{function}(sliding_window(6), n={n}, blocks {block_q} x {block_k}) asked mask_mod about "
-            f"query blocks {i0}-{i1}, key blocks {j0}-{j1}; partial tiles are {np.argwhere(partial).tolist()}\n"
-            f"  convention: the mask is applied on partial tiles only, one tile at a time")
-    assert asked, f"{function} never called mask_mod, but sliding_window(6) has partial tiles"
+        if (i0, j0) != (i1, j1):
+            raise AssertionError(f"{what} asked mask_mod about query blocks {i0} to {i1} and key blocks {j0} to {j1} "
+                                 f"in one call, not one tile\n  convention: {rule}")
+        if not partial[i0, j0]:
+            kind = "full (every pair may attend: it runs unmasked)" if full[i0, j0] else "empty (no list names it)"
+            raise AssertionError(f"{what} asked mask_mod about the tile of query block {i0}, key block {j0}, which "
+                                 f"is {kind}\n  convention: {rule}")
+    assert asked, f"{what} never called mask_mod, but sliding_window(6) has partial tiles"
 
 
 @DTYPES

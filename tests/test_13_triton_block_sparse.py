@@ -13,6 +13,7 @@ Each test's name says the bug it catches.
 """
 import dataclasses
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +28,7 @@ from spies import observed
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 13 needs PyTorch")
 import bounds_check  # noqa: E402 - only once torch is known to import
-from oracles_torch import attention_grads  # noqa: E402
+from oracles_torch import attention, attention_grads  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
@@ -58,9 +59,16 @@ MASKED_ROW = ("a row no key may attend gives o = 0 and zero gradients, never NaN
               "and zero P with tl.where (lse = -inf makes P = inf there), never a product with the mask")
 PAST_COUNT = ("entries past a count are garbage, and past a list's last row lies the end of its tensor: no "
               "kernel reads them (mask the load of the walk's next entry to the walk, e < n_full + n_partial)")
-UNREAD = ("NaN fills the K, V of key blocks no query block lists, the Q, dO of query blocks no key block lists, and "
-          "the blocks named by entries past each count: a NaN means such a tile was read (never read past "
-          "kv_num_blocks[i], full_kv_num_blocks[i], q_num_blocks[j], full_q_num_blocks[j])")
+UNREAD = ("NaN here, none when the same inputs run without their NaN: a tile no list names was read (NaN fills "
+          "the K, V of key blocks no query block lists, the Q, dO of query blocks no key block lists, and the blocks "
+          "named by entries past each count: never read past kv_num_blocks[i], full_kv_num_blocks[i], "
+          "q_num_blocks[j], full_q_num_blocks[j])")
+UNWRITTEN = ("NaN with every input finite and the lists clean too: made by the arithmetic (exp2(-inf - (-inf)) in a row "
+             "that has seen no key yet: subtract 0 while m is -inf; inf · 0 where tl.where belongs; 0 / 0), or an "
+             "output element never written (outputs start as NaN: every program stores all its rows or keys below n), "
+             "or D or lse read before a kernel stores it")
+RAGGED_BLOCKS = ("a full block that the walked axis's end cuts is masked as partial blocks are (keys past n_k, rows "
+                 "past n_q weigh 0), and it is a list's last full block (masks.ends_ragged)")
 
 
 # ---- the masks, as the tests define them ---------------------------------------------------------
@@ -133,10 +141,11 @@ def check_lists(bm, partial, full, what):
         for b, row in enumerate(grid_):
             want = torch.nonzero(row).flatten().tolist()
             got = got_indices[b, :int(got_counts[b])].tolist()
-            assert got == want, (
-                f"{what}: {per} block {b}: {indices}[{b}, :{counts}[{b}]] = {got}, expected the {kind} blocks "
-                f"{want}\n  convention: block_mask is given; it classifies tiles by asking your mask mod, so a "
-                f"wrong list means a wrong mod ({MASKS})")
+            if got != want:
+                raise AssertionError(
+                    f"{what}: {per} block {b}: {indices}[{b}, :{counts}[{b}]] = {got}, expected the {kind} blocks "
+                    f"{want}\n  convention: block_mask is given; it classifies tiles by asking your mask mod, so a "
+                    f"wrong list means a wrong mod ({MASKS})")
 
 
 def with_garbage(bm, partial, full, rng):
@@ -234,6 +243,7 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     __tracebackhide__ = True
     n_q, n_k = q.shape[2], k.shape[2]
     mask, bm, allowed, partial, full = build(ex, case, n_q, n_k, block_q, block_k)
+    listed, finite = bm, (q, k, v, do)
     bm = with_garbage(bm, partial, full, rng)
     q, k, v, do, notes = poison_unlisted(q, k, v, do, partial, full, block_q, block_k)
     empty = torch.nonzero(~allowed.any(1)).flatten().tolist()
@@ -252,10 +262,45 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     tol = tol or tolerance(q.dtype, BACKWARD_TOL)
     low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
     baseline = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale, dtype=q.dtype) if low else None
-    nan = f"{UNREAD}; {MASKED_ROW}"
+    clean = dataclasses.replace(listed, kv_order=bm.kv_order, q_order=bm.q_order)  # the orders as this run's
+    nan = nan_cause((o, *grads), lambda: run(ex, *finite, clean, mask, scale), bool(empty))
     bounds = (baseline[0], *baseline[1]) if baseline else (None,) * 4
+    hint = lse_hint(grads[0], grads_ref[0], attention(q, k, v, keep=allowed, scale=scale)[1], tol)
     check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds),
-                  tol, f"{convention}; {MASKS}", nan)
+                  tol, f"{convention}; {MASKS}{hint}", nan)
+
+
+def nan_cause(outputs, rerun, empty_rows: bool) -> str:
+    """What a NaN among `outputs` means, for its message: rerun() runs the same call on the inputs
+    without their NaN and with the lists as block_mask made them. NaN gone: a poisoned tile was read;
+    NaN still there: an output never written or a row no key may attend."""
+    if not any(t.isnan().any() for t in outputs):
+        return ""
+    o, grads = rerun()
+    if not any(t.isnan().any() for t in (o, *grads)):
+        return UNREAD
+    return f"{MASKED_ROW}; or {UNWRITTEN}" if empty_rows else UNWRITTEN
+
+
+# dQ's row i comes out exp(c · lse_i) times the right one when the backward rebuilds P = exp(scale·s − lse')
+# from a wrong lse' = lse · (1 − c): stored in base 2 (lse / ln 2), or the natural lse taken for base 2 in
+# the dQ kernel (exp2(s · scale · log2 e − lse) = exp(scale·s − lse · ln 2)).
+LSE_MIXUPS = {1 - 1 / math.log(2): "the backward rebuilt P from lse in base 2 (lse / ln 2): store the natural lse, "
+              "(m + log2 l) · ln 2", 1 - math.log(2): "the dQ kernel subtracted the natural lse from scores in "
+              "base 2: multiply lse by log2 e first"}
+
+
+def lse_hint(dq, dq_ref, lse_ref, tol) -> str:
+    """A sentence for the message when dQ is wrong in the way a mixed-up base of lse makes it."""
+    dq, dq_ref, lse_ref = (t.detach().double().cpu() for t in (dq, dq_ref, lse_ref))
+    atol = tol * max(1.0, dq_ref.abs().max().item())
+    if torch.allclose(dq, dq_ref, rtol=tol, atol=atol):
+        return ""
+    for c, cause in LSE_MIXUPS.items():
+        scaled = dq_ref * torch.exp(c * lse_ref).nan_to_num(0.0, posinf=0.0)[..., None]
+        if torch.allclose(dq, scaled, rtol=tol, atol=atol):
+            return f"; here each row i of dQ is exp({c:.3f} · lse_i) times the right one: {cause}"
+    return ""
 
 
 def case_id(s):
@@ -362,9 +407,19 @@ def test_kernel_tiles_of_two_sizes(ex, rng, monkeypatch):
     or the tiles it walks sized as its own. The interpreter's tiles are square, but a GPU's are not
     (dK, dV walk 64 query rows per 128 keys, dQ 64 keys per 128 rows); here every kernel gets two sizes."""
     tiles = dict(fwd=(16, 32, 4, 2), dkdv=(16, 32, 4, 2), dq=(32, 16, 4, 2))
-    monkeypatch.setattr(ex, "kernel_tiles", lambda block_mask, width, itemsize: tiles)
-    check(ex, rng, causal(), *qkv_do(rng, 1, 2, 70, 53, 16), 32, 32,
-          convention=f"tiles (BLOCK_M, BLOCK_N) {tiles}: BLOCK_M rows of queries, BLOCK_N keys; {WALK}")
+    inputs = tuple(qkv_do(rng, 1, 2, 70, 53, 16))
+    with monkeypatch.context() as patched:
+        patched.setattr(ex, "kernel_tiles", lambda block_mask, width, itemsize: tiles)
+        try:
+            check(ex, rng, causal(), *inputs, 32, 32,
+                  convention=f"tiles (BLOCK_M, BLOCK_N) {tiles}: BLOCK_M rows of queries, BLOCK_N keys; {WALK}")
+            return
+        except AssertionError as two_sizes:
+            failure = two_sizes
+    # The same call at the interpreter's square tiles: failing there too, the bug is not the tile sizes
+    # (70 x 53 cuts a block at both ends, so a ragged block's bug shows here first).
+    check(ex, rng, causal(), *inputs, 32, 32, convention=f"{WALK}; {RAGGED_BLOCKS}")
+    raise failure
 
 
 def test_fully_masked_rows_give_zero_not_nan(ex, rng):
