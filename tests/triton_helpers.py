@@ -24,6 +24,7 @@ from kata.gpu import bf16_missing, gpu_skip_reason, triton_missing, use_triton_m
 from kata.unfinished import error_chain
 from oracles_torch import attention
 from spies import Calls, record_calls
+from torch_settings import float32_matmul_precision
 
 if missing := triton_missing():
     pytest.skip(f"skipped: {missing}", allow_module_level=True)
@@ -56,6 +57,8 @@ def in_base_2(got, lse) -> bool:
     finite = torch.isfinite(lse)
     return bool(finite.any()) and torch.allclose(got.double()[finite], lse.double()[finite] / math.log(2), rtol=1e-3,
                                                  atol=1e-3)
+
+
 FLOAT32 = ("float32 is multiplied in full (tl.dot input_precision=\"ieee\") unless the user asked torch for TF32, "
            "as torch's matmuls: every tl.dot takes the wrapper's PRECISION")
 GYM_SHAPE = (4, 8, 256, 64)  # (B, H, n, D) of attention-gym's float32 test against FlexAttention
@@ -182,10 +185,8 @@ def tolerance(dtype, table=FORWARD_TOL) -> float:
 @pytest.fixture
 def torch_default_float32():
     """torch's default float32 matmul setting, full float32 (no TF32), for the test; the session's after."""
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(saved)
+    with float32_matmul_precision("highest"):
+        yield
 
 
 def visible(kv_lens, B, n_k, lo=0, hi=None):
