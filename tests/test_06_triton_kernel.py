@@ -148,10 +148,13 @@ def test_float16_in_the_interpreter(ex, rng, causal):
 
 @interpreted_only
 def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
-    """A module global read inside @triton.jit, tl.dot of mixed dtypes: the interpreter runs them, a GPU refuses."""
+    """A module global read inside @triton.jit, tl.dot of mixed dtypes: the interpreter runs them, a GPU
+    refuses; float32 multiplied in TF32 where torch computes it in full (a float32 launch too, for a
+    wrapper that passes TF32 for float32 alone)."""
     q, k, v = (randn(rng, 2, 2, n, 40, dtype=torch.float16) for n in (33, 40, 40))  # D = 40: padded to 64
     check_compiles_for_gpus(*(partial(ex.flash_attention, q, k, v, causal=causal, kv_lens=kv_lens)
-                              for causal in (False, True) for kv_lens in (None, torch.tensor([40, 3]))))
+                              for causal in (False, True) for kv_lens in (None, torch.tensor([40, 3]))),
+                            partial(ex.flash_attention, q.float(), k.float(), v.float(), causal=True))
 
 
 @pytest.mark.given

@@ -241,10 +241,12 @@ def test_only_the_ragged_end_of_a_chunk_is_folded_masked(ex, rng, monkeypatch, n
 @interpreted_only
 def test_every_kernel_compiles_for_ampere_and_hopper(ex, rng):
     """A module global read inside @triton.jit (LN2), tl.dot of mixed dtypes: the interpreter runs
-    them, a GPU refuses."""
+    them, a GPU refuses; float32 multiplied in TF32 where torch computes it in full (a float32 launch
+    too, for a wrapper that passes TF32 for float32 alone)."""
     q, k, v = qkv(rng, 2, 4, 2, 3, 37, 40, dtype=torch.float16)
     check_compiles_for_gpus(*(partial(ex.flash_decode, q, k, v, kv_lens=kv_lens, num_splits=3)
-                              for kv_lens in (None, torch.tensor([37, 20]))))
+                              for kv_lens in (None, torch.tensor([37, 20]))),
+                            partial(ex.flash_decode, q.float(), k.float(), v.float(), num_splits=3))
 
 
 @pytest.mark.given
