@@ -10,13 +10,14 @@ from functools import partial
 import pytest
 
 from checks import assert_close
+from spies import observed
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 06 needs PyTorch")
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LOG_OF_ZERO_WANTED, LSE, PADDING,  # noqa: E402
                             WRAPPER_BAD_INPUTS, call, kv_in_layouts, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
                             poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
-                            tolerance, visible)
+                            tolerance, visible, masked_tiles, record_stages)
 
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
@@ -144,6 +145,37 @@ def test_float16_in_the_interpreter(ex, rng, causal):
     """P left in float32 for tl.dot with float16 V, o stored in the wrong dtype, float16 rounding twice."""
     q, k, v = (randn(rng, 1, 2, n, 16, dtype=torch.float16) for n in (33, 40, 40))
     check(ex, q, k, v, causal=causal, convention="cast P to V's dtype for tl.dot; sums stay float32")
+
+
+STAGES = ("stage 1 folds the key tiles every row of the block may attend with no mask and no bounds checks; "
+          "only the tiles the causal diagonal or the keys' end (n_keys) cuts run MASKED, in stage 2")
+
+
+@interpreted_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_only_tiles_the_diagonal_or_the_end_cuts_run_masked(ex, rng, monkeypatch, causal):
+    """One masked stage over every tile: o and lse come out right, but each tile pays for bounds checks
+    and a mask that it does not need.
+
+    attn_tiles is wrapped (tests/triton_helpers.py, record_stages) while the interpreter runs the
+    kernel as Python; each tile a call folds with MASKED set must reach past n_keys or (causal) hold a
+    key after the block's first row. n_q = 100 and n_k = 80 (and kv_lens 37 for the second batch)
+    leave every block whole tiles. A kernel that folds its tiles without attn_tiles passes with the
+    rule reported not checked.
+    """
+    walks = record_stages(monkeypatch, ex, "attn_tiles", reads=("rows", "lo", "hi", "n_keys", "MASKED", "BLOCK_N"))
+    q, k, v = (randn(rng, 2, 1, n, 16) for n in (100, 80, 80))
+    kv_lens = torch.tensor([80, 37], device=DEVICE)
+    call(ex.flash_attention, q, k, v, causal=causal, kv_lens=kv_lens)
+    for walk, start in masked_tiles(walks, "BLOCK_N"):
+        first = int(walk["rows"].min())
+        if not (start + walk["BLOCK_N"] > walk["n_keys"] or causal and start + walk["BLOCK_N"] - 1 > first):
+            raise AssertionError(f"{name(q, k, causal, kv_lens)}: attn_tiles folded keys {start}-"
+                                 f"{start + walk['BLOCK_N'] - 1} MASKED for query rows {first}-"
+                                 f"{min(int(walk['rows'].max()), q.shape[2] - 1)}, though no pair of that tile is "
+                                 f"masked or past n_keys = {walk['n_keys']}\n"
+                                 f"  convention: {STAGES}")
+    observed("06's stages (only tiles the diagonal or the keys' end cuts run MASKED)", {"attn_tiles": walks})
 
 
 @interpreted_only
