@@ -45,7 +45,8 @@ def record_calls(monkeypatch, module, name, keep, reads=()) -> Calls:
 
 def observed(rule: str, recorded: dict[str, Calls]) -> None:
     """Raise NotChecked, naming `rule` and why, unless each helper in `recorded` (a name in a message:
-    its Calls) was seen called. Call it after checking what the calls that were seen show."""
+    its Calls) was seen called. Where some helpers may be seen and others not, call it after checking
+    the calls that were seen, so that those are held to the rule."""
     if why := [calls.unseen or f"{name} was never called (your code does its work without it)"
                for name, calls in recorded.items() if calls.unseen or not calls]:
         raise NotChecked(rule, "; ".join(why))
