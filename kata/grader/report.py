@@ -164,6 +164,7 @@ def as_json(results: list[ExerciseResult], target: str) -> str:
         "target": target,
         "exercises": [dict(number=r.exercise.number, name=r.exercise.name, status=r.status, passed=r.passed,
                            total=r.total, seconds=round(r.seconds, 3), cached=r.cached, note=r.note,
+                           not_checked=r.not_checked,
                            first_failure=_failure_json(r.failure)) for r in results],
         "passed": sum(r.ok for r in results),
         "total": len(results),

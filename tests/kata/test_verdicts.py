@@ -14,7 +14,7 @@ from hbm_helpers import check_closed_forms
 from kata.exercises import ROOT, SOLUTIONS_DIR, find
 from kata.dev.mutants import load_mutants
 from kata.dev.trial import parse_args, run_tests
-from kata.grader.report import details, table
+from kata.grader.report import as_json, details, table
 from kata.grader.results import STARTED, classify
 
 
@@ -86,6 +86,7 @@ def test_a_helper_the_code_does_without_leaves_its_rule_not_checked_not_failed(t
                       output="")
     assert result.ok and result.note == "1 rule not checked", result.note
     assert "your file has no _dkdv_tiles" in details(result), details(result)
+    assert "_dkdv_tiles" in json.loads(as_json([result], "x"))["exercises"][0]["not_checked"][0]
 
 
 def test_numbers_in_messages_print_as_a_learner_writes_them():
