@@ -349,7 +349,9 @@ def test_sliding_window_refuses_a_window_below_one(ex):
         ex.sliding_window(0)
 
 
-SHAPES = [(8, 8, 16, 16), (45, 45, 16, 32), (70, 37, 32, 16), (33, 90, 16, 32)]
+# (n_q, n_k, block_q, block_k); at 300 x 300 in blocks of 16 a row lists up to 19 blocks, where an unstable sort
+# (torch's and NumPy's, from 17 on) puts them out of order
+SHAPES = [(8, 8, 16, 16), (45, 45, 16, 32), (70, 37, 32, 16), (33, 90, 16, 32), (300, 300, 16, 16)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "nq{}-nk{}-bq{}-bk{}".format(*s))
