@@ -21,7 +21,10 @@ LISTS = ("per query block, kv_indices[i, :kv_num_blocks[i]] lists its partial ke
          "masked) and full_kv_indices[i, :full_kv_num_blocks[i]] its full ones, ascending; empty tiles "
          "are in neither; q_… lists are the same per key block")
 MASKED_ROW = "a fully masked row gives an output row of 0 and lse = -inf, never NaN"
-UNLISTED = "keys and values of a block no query block lists are never read; entries past a count are never read"
+UNLISTED = ("NaN here, none when the same call runs without NaN keys and with clean lists: keys and values of a "
+            "block no query block lists are never read; entries past a count are never read")
+ARITHMETIC = ("NaN with every input finite and the lists clean too: made by the arithmetic (-inf - (-inf) on a row "
+              "that has seen no key yet, 0 / 0), or an output row never set")
 FLASH_MOVES = ("Q read once per query block, the K and V rows of each listed tile, O and L written once; "
                "the last key block may be short")
 
@@ -248,10 +251,12 @@ def check_attention(ex, rng, q, k, v, mod, block_q, block_k, label, scale=None, 
     __tracebackhide__ = True
     allowed = dense(mod, q.shape[0], k.shape[0])
     o_exp, lse_exp = attention(q, k, v, allowed, scale)
+    kwargs = {} if scale is None else {"scale": scale}
+    finite = (k, v)
     k, v, dead = poisoned(k, v, allowed, block_q, block_k)
     bm = oracle_mask(allowed, block_q, block_k, rng)
     before = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
-    o, lse = ex.block_sparse_attention(q, k, v, bm, mod, **({} if scale is None else {"scale": scale}))
+    o, lse = ex.block_sparse_attention(q, k, v, bm, mod, **kwargs)
     for name, a in (("q", q), ("k", k), ("v", v)):
         assert_unmodified(before[name], a, name)
     rows = np.flatnonzero(~allowed.any(1))
@@ -259,7 +264,13 @@ def check_attention(ex, rng, q, k, v, mod, block_q, block_k, label, scale=None, 
              f"keys {dead.tolist()} in no listed block hold NaN" if dead.size else "",
              f"rows {rows.tolist()} fully masked" if rows.size else ""]
     what = f"block_sparse_attention({describe('q', q)}, {describe('k', k)}, {', '.join(filter(None, notes))})"
-    nan = f"{UNLISTED}; {MASKED_ROW}"
+    nan = ""
+    if any(np.isnan(np.asarray(got, float)).any() for got in (o, lse)):  # what made it: run again without NaN inputs
+        again = ex.block_sparse_attention(q, *finite, oracle_mask(allowed, block_q, block_k), mod, **kwargs)
+        if not any(np.isnan(np.asarray(got, float)).any() for got in again):
+            nan = UNLISTED
+        else:
+            nan = f"{MASKED_ROW}; or {ARITHMETIC}" if rows.size else ARITHMETIC
     for name, got, want in (("o", o, o_exp), ("lse", lse, lse_exp)):
         assert_close(got, want, what=f"{what} -> {name}", convention=convention or LISTS, nan_convention=nan,
                      dtype=q.dtype, **TOL[q.dtype.type])
