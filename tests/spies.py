@@ -22,9 +22,10 @@ def record_calls(monkeypatch, module, name, keep, reads=()) -> Calls:
     """Replace module.name by a wrapper that appends keep(arguments by name) for each call, then calls
     through; returns the list. `keep` copies what it keeps if the caller may change it afterwards.
 
-    `name` is a helper the stub defines; code that does without it (another split of the work, the
-    same helper under another name) or gives it other parameters than `reads` (those a check reads)
-    is left as it is, and the Calls say why: the rule is then not checked (see `observed`)."""
+    `name` is a helper the stub defines; code that does without it (another split of the work, a
+    function of its own) or gives it other parameters than `reads` (those a check reads) is left as
+    it is, and the Calls say why: the rule is then not checked (see `observed`). A @triton.jit
+    helper records each call to it, also under another name (`walk = _dq_tiles`)."""
     calls = Calls()
     function = getattr(module, name, None)
     if function is None:
@@ -35,11 +36,20 @@ def record_calls(monkeypatch, module, name, keep, reads=()) -> Calls:
         calls.unseen = f"your {name} has no parameter {missing[0]} (the stub's, which the check reads)"
         return calls
 
-    def recorded(*args, **kwargs):
-        calls.append(keep(signature.bind(*args, **kwargs).arguments))
-        return function(*args, **kwargs)
+    if inspect.isfunction(function):  # plain Python: calls through the module's name are seen
+        def recorded(*args, **kwargs):
+            calls.append(keep(signature.bind(*args, **kwargs).arguments))
+            return function(*args, **kwargs)
 
-    monkeypatch.setattr(module, name, recorded)
+        monkeypatch.setattr(module, name, recorded)
+        return calls
+
+    class Recorded(type(function)):  # a @triton.jit helper: the object records, under any name it is called by
+        def __call__(self, *args, **kwargs):
+            calls.append(keep(signature.bind(*args, **kwargs).arguments))
+            return super().__call__(*args, **kwargs)
+
+    monkeypatch.setattr(function, "__class__", Recorded)
     return calls
 
 
