@@ -52,9 +52,9 @@ def cached_why(results: list[ExerciseResult]) -> list[str]:
     cached = [r for r in results if r.cached]
     if not cached:
         return []
-    numbers = format_numbers([r.exercise.number for r in cached])
+    which = "every exercise" if len(cached) == len(results) else format_numbers([r.exercise.number for r in cached])
     when = when_ran(max(r.finished_at for r in cached))
-    return _wrap(f"cached: {numbers} unchanged since an earlier run (the latest {when}), not run again", indent="")
+    return _wrap(f"cached: {which} unchanged since its last run (the latest at {when}), not run again", indent="")
 
 
 def when_ran(finished_at: float) -> str:
@@ -103,7 +103,7 @@ def details(result: ExerciseResult) -> str:
     untouched = result.status == NOT_STARTED and not result.tests  # the stub as given: no test was run
     ran = ", no test run: the file is untouched" if untouched else f", {result.seconds:.1f} s"
     if result.cached:
-        ran = f", cached from {when_ran(result.finished_at)} (the file and its tests unchanged since)"
+        ran = f", cached from {when_ran(result.finished_at)}, the file and its tests unchanged since"
     lines = [f"{ex.number} {ex.name}: {result.status}{tally(result)}{ran}{note}"]
     if result.not_checked:  # passed all the same: a rule is seen only through a helper the code did not use
         lines += ["", "Rules not checked (the tests see them only through the stub's helpers):"]
