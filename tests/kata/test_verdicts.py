@@ -12,7 +12,7 @@ import pytest
 
 from hbm_helpers import check_closed_forms
 from kata.exercises import ROOT, SOLUTIONS_DIR, find
-from kata.dev.mutants import load_mutants
+from kata.dev.mutants import load_mutants, run_one
 from kata.dev.trial import parse_args, run_tests
 from kata.gpu import triton_missing
 from kata.grader.report import as_json, details, table
@@ -89,6 +89,14 @@ def test_a_helper_the_code_does_without_leaves_its_rule_not_checked_not_failed(t
     assert result.ok and result.note == "1 rule not checked", result.note
     assert "your file has no _dkdv_tiles" in details(result), details(result)
     assert "_dkdv_tiles" in json.loads(as_json([result], "x"))["exercises"][0]["not_checked"][0]
+
+
+def test_a_mutant_hidden_from_its_rule_must_pass_with_the_rule_reported():
+    """A two-pass 02 behind np.asarray passes, as correct code behind np.asarray does: the mutants
+    check asks that its rule be reported not checked, where it would have asked for a failure."""
+    mutant = next(m for m in load_mutants(find("02")) if m.name == "two_passes_after_asarray")
+    assert mutant.not_checked
+    assert run_one(mutant)[1] == "not checked"
 
 
 def test_numbers_in_messages_print_as_a_learner_writes_them():
