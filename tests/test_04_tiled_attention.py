@@ -337,7 +337,7 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
         mask[:block_q] = True  # query block 0 is fully allowed: no tile of it needs the mask unless causal
     schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
     monkeypatch.setattr(ex, "tile_schedule", lambda *args, **kwargs: list(schedule))
-    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]))
+    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]), reads=("rows", "cols"))
     ex.tiled_attention(q, k, v, block_q, block_k, causal=causal, mask=mask)
     flagged = {(i, j) for i, j, needs_mask in schedule if needs_mask}
     if found := asked_outside(asked, flagged, block_q, block_k):

@@ -361,7 +361,7 @@ def test_mask_is_applied_only_on_needs_mask_tiles(ex, rng, monkeypatch, n_q, n_k
     schedule = oracle_schedule(n_q, n_k, block_q, block_k, causal, mask)
     o, lse = forward(q, k, v, allowed_pairs(n_q, n_k, causal, mask))
     monkeypatch.setattr(ex, "tile_schedule", lambda *args, **kwargs: list(schedule))
-    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]))
+    asked = record_calls(monkeypatch, ex, "tile_allowed", lambda args: (args["rows"], args["cols"]), reads=("rows", "cols"))
     ex.tiled_attention_backward(q, k, v, o, lse, random_do(rng, n_q, 5), block_q, block_k, causal=causal, mask=mask)
     flagged = {(i, j) for i, j, needs_mask in schedule if needs_mask}
     if found := asked_outside(asked, flagged, block_q, block_k):
