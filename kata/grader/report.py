@@ -128,8 +128,8 @@ def details(result: ExerciseResult) -> str:
         lines += ["", f"FAILED {first.name}"] + _failure_lines(Failure.of(first), seed=seed, about=about) + also
     if len(checks) > DETAIL_TESTS:
         lines += ["", f"... and {len(checks) - DETAIL_TESTS} more failing tests"]
-    if stubs and checks:
-        lines += ["", f"{len(stubs)} more tests not started: {Failure.of(stubs[0]).message}"]
+    if stubs:  # a half-written file: the tests of its unwritten functions, after any wrong ones
+        lines += ["", f"{len(stubs)}{' more' if checks else ''} tests not started: {Failure.of(stubs[0]).message}"]
     if not result.ok and result.status != MISSING:
         lines += ["", f"Stuck? python grader.py hint {ex.number}"]
     return "\n".join(lines)

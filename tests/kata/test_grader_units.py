@@ -149,6 +149,15 @@ def test_details_show_one_case_of_each_failing_test():
     assert "  bugs this test catches (yours may be one, or another): Rows dropped." in text
 
 
+def test_details_of_a_half_written_file_name_what_is_not_started():
+    """A file whose written functions pass and whose others are stubs is failing: its details say which
+    tests wait for which function, where they once said nothing beyond the count."""
+    text = details(result([ran("a"), ran("b", "failed", error=error("not started: f", not_implemented=True)),
+                           ran("c", "failed", error=error("not started: f", not_implemented=True)), FINISH]))
+    assert text.splitlines()[0].startswith("04 tiled_attention: failing, 1 of 3 tests pass")
+    assert "2 tests not started: not started: f" in text
+
+
 def test_many_failing_cases_of_one_test_fit_one_line():
     ids = [f"nq{n}-nk{n + 1}-bq2-bk3-causal" for n in range(40)]
     text = details(result([ran(f"test_ragged[{i}]", "failed", error=error("wrong")) for i in ids] + [FINISH]))
