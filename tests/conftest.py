@@ -4,8 +4,10 @@
 01_safe_softmax.py) loaded from the target folder: exercises/ by default, solutions/ with
 --solutions, any folder with --target DIR or KATA_TARGET=DIR.
 """
+import importlib.abc
 import os
 import secrets
+import sys
 import zlib
 
 import numpy as np
@@ -13,8 +15,28 @@ import pytest
 
 from checks import AFTER_CALL, NotChecked
 from kata.exercises import find, load, resolve_target
+from kata.gpu import use_triton_mode
 from kata.grader.pytest_plugin import NOT_CHECKED, message_of, not_checked_heading
 from kata.unfinished import mentions_not_implemented
+
+
+class TritonModeFirst(importlib.abc.MetaPathFinder):
+    """Decides how Triton runs (kata.gpu.use_triton_mode) as it is first imported, by whichever test
+    file: Triton keeps the mode it loads in, and a file that imports it before triton_helpers
+    (test_gpu_compile's importorskip) would otherwise fix the mode of the whole run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton":
+            sys.meta_path.remove(self)
+            try:
+                import torch
+            except ImportError:  # the Triton exercises' tests skip without torch: nothing to decide
+                return None
+            use_triton_mode(torch)
+        return None  # found as usual, by the finders after this one
+
+
+sys.meta_path.insert(0, TritonModeFirst())
 
 
 def pytest_addoption(parser):

@@ -39,9 +39,10 @@ if str(ROOT) not in sys.path:  # run as `python tests/gpu_compile.py` (no fork):
     sys.path.insert(0, str(ROOT))
 
 from kata.given import solved
+from kata.grader.progress import STATE_DIR, write_whole
 from kata.unfinished import error_chain
 
-CACHE = ROOT / ".kata" / "cache" / "compile"
+CACHE = STATE_DIR / "cache" / "compile"
 TARGETS = {80: "Ampere (sm_80)", 90: "Hopper (sm_90)"}
 POINTER_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "i8", "int32": "i32", "int64": "i64"}
 
@@ -215,17 +216,10 @@ def _recalled(key: str) -> str | None:
 
 
 def _remember(key: str, verdict: str) -> None:
-    """Cache a verdict, whole or not at all: written beside its place, then renamed into it. A cache
-    that cannot be written (a read-only course folder, a full disk) only means compiling again."""
-    path = CACHE / f"{key}.json"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(verdict))
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Cache a verdict, whole or not at all (write_whole). A cache that cannot be written (a read-only
+    course folder, a full disk) only means compiling again; the grader says once that it cannot."""
+    with contextlib.suppress(OSError):
+        write_whole(CACHE / f"{key}.json", json.dumps(verdict))
 
 
 _compiler = None  # the connection to the forked compiling process, once start_compiler has run

@@ -166,3 +166,30 @@ def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
     assert probe["mode"] == "compiled on the GPU" and "TRITON_INTERPRET=1, exported in this shell, is overridden" in \
         probe["why"]
     assert not probe["ok"] and "loaded" not in probe["error"]  # got as far as CUDA tensors: there is no GPU here
+
+
+TRITON_FIRST = """
+import json, sys
+sys.path.insert(0, "tests")
+import conftest  # noqa: F401  as pytest loads it, before any test file
+import triton  # noqa: F401  a test file that imports Triton before triton_helpers
+import triton_helpers
+import triton.language as tl
+print(json.dumps([type(tl.cdiv).__name__ == "InterpretedFunction", triton_helpers.INTERPRETED]))
+"""
+
+
+def test_triton_imported_before_triton_helpers_still_loads_in_the_decided_mode():
+    """A test file that imports Triton first (an importorskip at its top) loaded it compiled on the
+    CPU, as the variable, not yet set, said: Triton's own @triton.jit functions (tl.cdiv) stayed
+    compiled, and every kernel of the run after it failed ("Cannot call @triton.jit'd outside of the
+    scope of a kernel")."""
+    pytest.importorskip("torch")
+    if why := gpu.triton_missing():
+        pytest.skip(why)
+    env = {k: v for k, v in os.environ.items() if k != gpu.INTERPRET}
+    done = subprocess.run([sys.executable, "-c", TRITON_FIRST], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded_interpreted, tests_interpreted = json.loads(done.stdout.splitlines()[-1])
+    assert loaded_interpreted == tests_interpreted
