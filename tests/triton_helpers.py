@@ -35,7 +35,7 @@ if MODE.interpreted:
 
 DEVICE = "cpu" if MODE.interpreted else "cuda"
 INTERPRETED = MODE.interpreted
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason=gpu_skip_reason(torch))
+gpu = pytest.mark.skipif(INTERPRETED, reason=gpu_skip_reason(torch))
 interpreted_only = pytest.mark.skipif(not INTERPRETED, reason="tests the interpreter: compiled, bfloat16 works")
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # Compiled float32 multiplies in full (IEEE) under torch's default setting: at attention-gym's sizes
