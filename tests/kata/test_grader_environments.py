@@ -28,6 +28,8 @@ def test_an_unwritable_kata_folder_is_said_once_and_changes_no_verdict(tmp_path)
     assert done.stderr.count(NOT_KEPT) == 1 and "(Not a directory: .kata/" in done.stderr, done.stderr
     assert f"1 of {len(EXERCISES)} exercises passed" in done.stdout, done.stdout
     assert grader(root, "02").returncode == 0 and grader(root, "03").returncode == 1
+    machine = grader(root, "--json")  # the note on stderr: the report on stdout stays JSON
+    assert json.loads(machine.stdout)["passed"] == 1 and machine.stderr.count(NOT_KEPT) == 1
     hint = grader(root, "hint", "02")
     assert hint.returncode == 0 and "Hint 1 of 2" in hint.stdout and hint.stderr.count(NOT_KEPT) == 1
     learner = root / "exercises" / "03_merge_partials.py"
