@@ -162,9 +162,13 @@ def _key(job: dict, given: bytes) -> str:
 
 def _given_digest() -> bytes:
     """The given library's sources, Triton's version and this check's own source: a kernel calls into
-    the first, compiled by the second, judged by the third."""
+    the first, compiled by the second, judged by the third; and what the compiling process inherits
+    that changes how Triton compiles (Python, whose ast it parses; the TRITON_ variables, such as
+    TRITON_F32_DEFAULT, tl.dot's default precision)."""
     import triton
-    digest = hashlib.sha256(triton.__version__.encode() + Path(__file__).read_bytes())
+    digest = hashlib.sha256(triton.__version__.encode() + Path(__file__).read_bytes() + sys.version.encode())
+    for name in sorted(n for n in os.environ if n.startswith("TRITON_") and n != "TRITON_INTERPRET"):
+        digest.update(f"{name}={os.environ[name]}".encode() + b"\0")
     for path in sorted((ROOT / "kata" / "given").glob("*.py")):
         digest.update(path.read_bytes())
     return digest.digest()

@@ -27,8 +27,11 @@ from kata.grader.progress import STATE_DIR, keep
 from kata.grader.results import ExerciseResult, Failure, TestResult
 
 CACHE_DIR = STATE_DIR / "cache"
-ENV_PREFIXES = ("KATA_",)  # KATA_SEED, KATA_FRESH_SEEDS, ...: what the tests draw and how
-ENV_NAMES = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")  # compiled or interpreted, and on which GPU
+# KATA_SEED, KATA_FRESH_SEEDS, ...: what the tests draw and how; TRITON_ and TORCH_ variables change
+# how kernels compile and multiply (TRITON_F32_DEFAULT, TORCH_ALLOW_TF32_CUBLAS_OVERRIDE), and
+# TRITON_INTERPRET what the mode's decision says of it.
+ENV_PREFIXES = ("KATA_", "TRITON_", "TORCH_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE")  # on which GPU; cuBLAS's TF32 switch
 GPU_DEVICES = ("/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kfd")  # the NVIDIA driver's GPUs, WSL's, ROCm's
 DRIVER_VERSION = Path("/proc/driver/nvidia/version")  # the NVIDIA driver's, on Linux
 

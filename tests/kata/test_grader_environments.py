@@ -141,3 +141,22 @@ def test_the_reference_compiles_with_triton_interpret_exported_and_nothing_cache
     verdicts = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert verdicts and not any(verdicts), verdicts  # compiled, and every verdict cached a pass
 
+
+
+@pytest.mark.parametrize("name", ["TRITON_F32_DEFAULT", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE",
+                                  "TRITON_INTERPRET"])
+def test_a_variable_that_changes_how_kernels_multiply_is_in_the_keys(monkeypatch, name):
+    """TF32 asked of Triton's tl.dot or of torch's matmuls from the shell changes float32 verdicts: a
+    result cached without it must not answer a run with it. The compile check's key holds the TRITON_
+    variables its compiling process inherits, all but TRITON_INTERPRET, which that process drops."""
+    ex, target = find("06"), ROOT / "solutions"
+    monkeypatch.delenv(name, raising=False)
+    before = cache.key(ex, target, 300.0, b"the learner's file")
+    monkeypatch.setenv(name, "tf32" if name == "TRITON_F32_DEFAULT" else "1")
+    assert cache.key(ex, target, 300.0, b"the learner's file") != before
+    if name.startswith("TRITON_") and not triton_missing():
+        monkeypatch.syspath_prepend(str(ROOT / "tests"))
+        import gpu_compile
+        with_it = gpu_compile._given_digest()
+        monkeypatch.delenv(name)
+        assert (gpu_compile._given_digest() == with_it) == (name == "TRITON_INTERPRET")
