@@ -55,7 +55,7 @@ def load(exercise: Exercise, target: Path, run_key: str) -> ExerciseResult | Non
     if entry is None or entry.get("key") != run_key:
         return None
     try:
-        return _from_json(entry["result"])
+        return dataclasses.replace(_from_json(entry["result"]), cached=True)
     except (KeyError, TypeError, LookupError):  # a result written by another version of the grader
         return None
 

@@ -12,7 +12,6 @@ from kata.grader.stub import Stub, todo_message
 PASSED, FAILING, NOT_STARTED = "passed", "failing", "not started"
 CRASHED, TIMED_OUT, SKIPPED, MISSING = "crashed", "timed out", "skipped", "missing"
 INTERRUPTED_EXITS = {2, 3, 4}  # pytest: interrupted, internal error, usage error
-STARTED = time.time()  # this grader's start: a result finished before it was read from the cache
 
 
 @dataclass
@@ -66,15 +65,13 @@ class ExerciseResult:
     failure: Failure | None = None
     tests: list[TestResult] = field(default_factory=list)
     finished_at: float = 0.0  # when its test run ended (time.time()); 0 where no test ran
+    # Read from the cache (the file unchanged since): its seconds and finished_at are that earlier run's,
+    # also when this grader made it (a --watch session saving a file back to bytes it had before).
+    cached: bool = False
 
     @property
     def ok(self) -> bool:
         return self.status == PASSED
-
-    @property
-    def cached(self) -> bool:
-        """The result of an earlier grader's run, the file unchanged since: its seconds are that run's."""
-        return 0 < self.finished_at < STARTED
 
     @property
     def not_checked(self) -> list[str]:

@@ -1,5 +1,4 @@
 """Verdicts as a learner reads them: the failed check comes first, and the same code gets the same counts."""
-import dataclasses
 import json
 import re
 import subprocess
@@ -11,12 +10,13 @@ import numpy as np
 import pytest
 
 from hbm_helpers import check_closed_forms
-from kata.exercises import ROOT, SOLUTIONS_DIR, find
+from kata.exercises import EXERCISES_DIR, ROOT, SOLUTIONS_DIR, find
 from kata.dev.mutants import load_mutants, run_one
 from kata.dev.trial import parse_args, run_tests
 from kata.gpu import triton_missing
+from kata.grader import cache
 from kata.grader.report import as_json, details, table
-from kata.grader.results import STARTED, classify
+from kata.grader.results import classify
 
 
 def graded(tmp_path, number: str, mutant: str, *args: str) -> subprocess.CompletedProcess:
@@ -107,14 +107,17 @@ def test_numbers_in_messages_print_as_a_learner_writes_them():
     assert "expected (reads, writes) = (3, 5), got (3, 4)" in str(failure.value), str(failure.value)
 
 
-def test_a_cached_result_says_when_it_ran_not_how_long_it_took():
-    """A verdict read from the cache showed the first run's seconds as if this run had measured them."""
+def test_a_cached_result_says_when_it_ran_not_how_long_it_took(tmp_path, monkeypatch):
+    """A verdict read from the cache showed the first run's seconds as if this run had measured them,
+    also when this same grader had stored it (--watch, a file saved back to bytes it had before)."""
+    monkeypatch.setattr(cache, "CACHE_DIR", tmp_path)
     exercise = find("01")
     events = [{"event": "test", "nodeid": "t.py::a", "outcome": "passed"}, {"event": "finish", "exitstatus": 0}]
     fresh = classify(exercise, Path("exercises") / exercise.filename, events, returncode=0, killed_after=None,
                      seconds=12.5, output="")
     assert not fresh.cached and "12.5 s" in details(fresh) and "12.5s" in table([fresh])
-    cached = dataclasses.replace(fresh, finished_at=STARTED - 3600)
+    cache.store(fresh, EXERCISES_DIR, "key")
+    cached = cache.load(exercise, EXERCISES_DIR, "key")
     assert cached.cached and "12.5" not in details(cached) + table([cached])
     assert re.search(r"passed, 1 of 1 tests pass, cached from \d{4}-\d\d-\d\d \d\d:\d\d", details(cached))
 
