@@ -3,19 +3,30 @@
 In the interpreter a kernel's pointers are the process's own addresses: a load past a tensor's end
 reads whatever lies there (a garbage loop count, then a test that never ends) or ends the process
 with a segfault; on a GPU it mostly reads garbage without a word. While `watch` is on, each load
-and store of an interpreted launch is checked against the storage of the tensors the launch was
-given, and against ranges a test forbids (block-list entries past their count: readable memory,
-but a consumer must never read them); the first address outside them stops the launch, and the
-test fails with the kernel, the argument and the entry named. Interpreter internals: on a Triton
+and store of an interpreted launch is checked against the elements of the tensors the launch was
+given (each tensor's own, not the rest of its storage), and against ranges a test forbids
+(block-list entries past their count: readable memory, but a consumer must never read them); the
+first address outside them stops the launch, and the test fails with the kernel, its program, the
+line of the kernel that made the access, the tensor and how far past its end. tests/triton_helpers.py
+runs every call of the Triton exercises under it (`call`). Interpreter internals: on a Triton
 without them, `available()` is False and nothing is checked.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
+import linecache
+import os
+import sys
 
 import numpy as np
 import torch
+
+OUTSIDE = ("a kernel reads and writes only the elements of the tensors it is given: a tile that can reach past "
+           "an end (query rows past n_q, keys past n_k or kv_lens[b], a loop's last tile) is loaded and stored "
+           "with a mask, and every pointer steps by its own tensor's strides; on a GPU such an access reads "
+           "garbage or faults, in the interpreter it reads this process's memory (a crash, or a garbage loop "
+           "count that never ends)")
 
 
 class OutOfBounds(Exception):
@@ -44,6 +55,15 @@ def _tensors(name, value):
         yield name, value.base
 
 
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """Byte range [start, stop) from t's first element to the end of its last."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
 class _Ranges:
     """Byte ranges [start, stop) and what each is, found by address."""
 
@@ -52,6 +72,7 @@ class _Ranges:
         self.starts = np.array([r[0] for r in ranges], dtype=np.uint64)
         self.stops = np.array([r[1] for r in ranges], dtype=np.uint64)
         self.labels = [r[2] for r in ranges]
+        self.ranges = ranges
 
     def find(self, addresses):
         """Per address, the index of the range holding it, or -1."""
@@ -60,67 +81,161 @@ class _Ranges:
         return np.where(inside, i, -1)
 
 
+class _Launch:
+    """The interpreted launch running now: its kernel and the tensors it was given."""
+
+    def __init__(self, fn, bound: dict):
+        self.fn = fn
+        self.tensors = [(name, t) for key, value in bound.items() for name, t in _tensors(key, value)]
+        merged = []  # the tensors' extents, overlaps joined (q, k and v may be views of one buffer)
+        for start, stop in sorted(_extent(t) for _, t in self.tensors):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        self.starts = np.array([r[0] for r in merged], dtype=np.uint64)
+        self.stops = np.array([r[1] for r in merged], dtype=np.uint64)
+
+    def outside(self, addresses, size: int):
+        """Per address, whether the access of `size` bytes there leaves every tensor's elements."""
+        if not self.starts.size:
+            return np.ones(addresses.shape, dtype=bool)
+        i = np.searchsorted(self.starts, addresses, side="right").astype(np.int64) - 1
+        return (i < 0) | (addresses + np.uint64(size) > self.stops[np.maximum(i, 0)])
+
+    def nearest(self, address: int, size: int) -> str:
+        """The tensor nearest an address outside them all, and how many of its elements the access
+        lies past its end or before its start."""
+        gaps = []
+        for name, t in self.tensors:
+            start, stop = _extent(t)
+            gap, side = (address + size - stop, "past its end") if address >= start else (start - address, "before its start")
+            gaps.append((-(-gap // t.element_size()), side, name, t))
+        if not gaps:
+            return "memory: the launch was given no tensor"
+        n, side, name, t = min(gaps, key=lambda g: g[0] * g[3].element_size())
+        return f"{name} {tuple(t.shape)} {str(t.dtype)[6:]} {n} element{'s' * (n != 1)} {side}"
+
+
+def _block(bad: np.ndarray) -> str:
+    """` (at [7:16, 0:16] of its 16 x 16 addresses)`: where in the access's tile the bad addresses lie."""
+    if bad.size == 1:
+        return ""
+    spans = ", ".join(f"{i.min()}:{i.max() + 1}" for i in np.nonzero(bad))
+    return f" (at [{spans}] of its {' x '.join(map(str, bad.shape))} addresses)"
+
+
+def _kernel_lines(launch_code) -> str:
+    """`file:line in function: source` for each frame of the kernel's code and its helpers', from
+    the launch down to the access: Triton's own frames and this module's left out."""
+    triton_dir = os.path.dirname(sys.modules["triton"].__file__)
+    lines, frame = [], sys._getframe(1)
+    while frame is not None and frame.f_code is not launch_code:
+        path = frame.f_code.co_filename
+        if not path.startswith(triton_dir) and path != __file__ and not path.endswith("fast_interpreter.py"):
+            source = linecache.getline(path, frame.f_lineno).strip()
+            lines.append(f"\n    {os.path.basename(path)}:{frame.f_lineno} in {frame.f_code.co_name}: {source}")
+        frame = frame.f_back
+    return "".join(reversed(lines))
+
+
+def _program(builder) -> str:
+    """`program 3 of 4`, or `program (1, 0) of (2, 3)`: the grid's trailing axes of 1 left out."""
+    axes = max([1] + [i + 1 for i, n in enumerate(builder.grid_dim) if n > 1])
+    if axes == 1:
+        return f"program {builder.grid_idx[0]} of {builder.grid_dim[0]}"
+    return f"program {tuple(builder.grid_idx[:axes])} of {tuple(builder.grid_dim[:axes])}"
+
+
+_active: list[dict] = []  # the state of the watch that patched the interpreter, while one is on
+
+
 @contextlib.contextmanager
 def watch(forbidden=(), what: str = "", convention: str = "", names: dict | None = None):
     """Check every load and store of the interpreted launches made inside the block. forbidden:
     (start, stop, describe) byte ranges no load or store may touch, describe(address) -> str naming
-    the entry; names: a kernel's name as the message says it. On the first address outside the
+    the entry; names: a kernel's name as the message says it. At the first address outside the
     launch's tensors or inside a forbidden range the launch stops, and an AssertionError says `what`
-    was run, which kernel touched what, and the convention."""
+    was run, which kernel's program touched what, from which lines, and the convention broken:
+    `convention` for a forbidden range, OUTSIDE for the rest. A watch inside another adds its
+    forbidden ranges and names to the outer one, which reports. Without the interpreter's internals
+    (`available()`) nothing is checked."""
     __tracebackhide__ = True
+    if _active:
+        state = _active[0]
+        kept = state["forbidden"], state["names"]
+        state["forbidden"] = _Ranges([*kept[0].ranges, *forbidden])
+        state["names"] = {**kept[1], **(names or {})}
+        try:
+            yield
+        finally:
+            state["forbidden"], state["names"] = kept
+        return
+    if not available():
+        yield
+        return
     from triton.runtime import interpreter
     builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
     load, store, launch = builder.create_masked_load, builder.create_masked_store, executor.__call__
-    banned = _Ranges(forbidden)
-    state = {"kernel": None, "allowed": None, "problem": None}
+    state = {"forbidden": _Ranges(forbidden), "names": dict(names or {}), "launch": None, "problem": None}
 
-    def check(ptrs, mask, verb):
-        addresses = np.broadcast_to(ptrs.data, np.shape(mask.data))[mask.data].astype(np.uint64).ravel()
-        if not addresses.size or state["allowed"] is None:
+    def check(interpreting, ptrs, mask, verb):
+        running = state["launch"]
+        if running is None:
             return
-        hit = banned.find(addresses)
-        if (hit >= 0).any():
-            address = int(addresses[hit >= 0][0])
-            problem = f"{verb} {banned.labels[int(hit[hit >= 0][0])](address)}"
-        elif (state["allowed"].find(addresses) < 0).any():
-            address = int(addresses[state["allowed"].find(addresses) < 0][0])
-            allowed = state["allowed"]
-            below = int(np.searchsorted(allowed.starts, address, side="right")) - 1
-            past = address - int(allowed.stops[below]) if below >= 0 else -1
-            near = ("" if past < 0 else f", right after the end of {allowed.labels[below]}" if past == 0 else
-                    f", {past} bytes past the end of {allowed.labels[below]}")
-            problem = f"{verb} an address outside every tensor it was given{near}"
+        mask = np.broadcast_to(mask.data, np.shape(ptrs.data))
+        addresses = ptrs.data[mask].astype(np.uint64)
+        if not addresses.size:
+            return
+        size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        banned = state["forbidden"]
+        hit = banned.find(addresses) if banned.labels else None
+        if hit is not None and (hit >= 0).any():
+            bad = hit >= 0
+            first = int(np.argmax(bad))
+            problem = f"{verb} {banned.labels[int(hit[first])](int(addresses[first]))}"
+            broken = convention or OUTSIDE
         else:
-            return
-        state["problem"] = f"{(names or {}).get(state['kernel'], state['kernel'])} {problem}"
+            bad = running.outside(addresses, size)
+            if not bad.any():
+                return
+            first = int(np.argmax(bad))
+            problem = f"{verb} {running.nearest(int(addresses[first]), size)}"
+            broken = OUTSIDE
+        out = np.zeros(mask.shape, dtype=bool)
+        out[mask] = bad
+        name = running.fn.__name__
+        state["problem"] = (f"{state['names'].get(name, name)}, {_program(interpreting)}, {problem}"
+                            f"{_block(out)}{_kernel_lines(launch.__code__)}\n  convention: {broken}")
         raise OutOfBounds(state["problem"])  # before the access: it could end the process
 
     def checked_load(self, ptrs, mask, other, *args, **kwargs):
-        check(ptrs, mask, "read")
+        check(self, ptrs, mask, "read")
         return load(self, ptrs, mask, other, *args, **kwargs)
 
     def checked_store(self, ptrs, value, mask, *args, **kwargs):
-        check(ptrs, mask, "wrote")
+        check(self, ptrs, mask, "wrote")
         return store(self, ptrs, value, mask, *args, **kwargs)
 
     def checked_launch(self, *args, **kwargs):
         signature = inspect.signature(self.fn)  # the launch's options (num_warps, ...) are not the kernel's
-        bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters}).arguments
-        ranges = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes(),
-                   f"{name} {tuple(t.shape)}") for key, value in bound.items() for name, t in _tensors(key, value)]
-        outer = state["kernel"], state["allowed"]
-        state["kernel"], state["allowed"] = self.fn.__name__, _Ranges(ranges)
+        bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
+        outer = state["launch"]
+        state["launch"] = _Launch(self.fn, bound.arguments)
         try:
             return launch(self, *args, **kwargs)
         finally:
-            state["kernel"], state["allowed"] = outer
+            state["launch"] = outer
 
     builder.create_masked_load, builder.create_masked_store, executor.__call__ = checked_load, checked_store, checked_launch
+    _active.append(state)
     try:
         yield
     except Exception:
         if state["problem"] is None:
             raise
-        raise AssertionError(f"{what}: {state['problem']}" + (f"\n  convention: {convention}" if convention else "")) from None
     finally:
+        _active.pop()
         builder.create_masked_load, builder.create_masked_store, executor.__call__ = load, store, launch
+    if state["problem"] is not None:  # raised, or caught on its way out: either way the access was wrong
+        raise AssertionError((f"{what}: " if what else "") + state["problem"]) from None

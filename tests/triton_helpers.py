@@ -8,6 +8,7 @@ shell exported) and sets or drops TRITON_INTERPRET to match, which Triton reads 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import re
 import pytest
 import torch
 
+import bounds_check
 import fast_interpreter
 from checks import AFTER_CALL, assert_close, assert_unmodified
 from gpu_compile import compile_for_gpus, record_launches, start_compiler
@@ -114,9 +116,13 @@ def stub_message(err: BaseException) -> str | None:
 
 
 def call(fn, *args, **kwargs):
-    """fn(*args, **kwargs); a stubbed kernel body surfaces as NotImplementedError ("not started")."""
+    """fn(*args, **kwargs); a stubbed kernel body surfaces as NotImplementedError ("not started"). In
+    the interpreter every load and store of its launches is checked first (tests/bounds_check.py):
+    an address outside the tensors a launch was given fails the test, naming the kernel's line."""
+    __tracebackhide__ = True
     try:
-        return fn(*args, **kwargs)
+        with bounds_check.watch() if INTERPRETED else contextlib.nullcontext():
+            return fn(*args, **kwargs)
     except Exception as err:
         message = stub_message(err)
         if message is None:
