@@ -62,6 +62,8 @@ EXERCISES = [
     Exercise("12", "block_sparse", "skip the tiles a mask empties"),
     Exercise("13", "triton_block_sparse", "the kernel that visits only the listed tiles", needs_gpu=True,
              needs_torch=True),
+    Exercise("14", "attention_dropout", "dropout in the kernel, its mask regenerated in the backward",
+             needs_gpu=True, needs_torch=True),
 ]
 
 

@@ -32,8 +32,9 @@ def _float64(a):
     return torch.as_tensor(a, dtype=torch.float64).detach().nan_to_num(posinf=math.inf, neginf=-math.inf)
 
 
-def _attention(q, k, v, keep, causal, scale):
-    """(o, lse) of softmax(scale q kᵀ) v over the pairs that may attend, differentiable."""
+def _attention(q, k, v, keep, causal, scale, z=None):
+    """(o, lse) of softmax(scale q kᵀ) v over the pairs that may attend, differentiable; with z,
+    (softmax(scale q kᵀ) ∘ z) v (dropout: z = mask / (1 − p)), lse unchanged."""
     if q.dim() == 4 and q.shape[1] != k.shape[1]:  # grouped-query heads: query head h reads kv head h // G
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
@@ -46,27 +47,30 @@ def _attention(q, k, v, keep, causal, scale):
     live = allowed.any(dim=-1, keepdim=True)
     # The softmax of an all -inf row is NaN, and so is its gradient: such a row is set to 0, then weighs nothing.
     p = torch.softmax(s.masked_fill(~live, 0.0), dim=-1) * live
+    if z is not None:
+        p = p * torch.as_tensor(z, device=q.device).to(p.dtype)
     return p @ v, torch.logsumexp(s, dim=-1)
 
 
-def attention(q, k, v, keep=None, causal=False, scale=None, dtype=torch.float64):
+def attention(q, k, v, keep=None, causal=False, scale=None, dtype=torch.float64, z=None):
     """(o, lse) of dense attention in float64, on the inputs' device; in `dtype`, PyTorch's own
     attention in a low precision (the baseline of the precision rule).
 
     q (..., n_q, D), k and v (..., n_k, D); 4-D inputs (B, H, n, D) may have fewer kv heads than
     query heads (grouped-query attention). `keep`, broadcast to (..., n_q, n_k), is True where a
     query may attend a key; `causal` ANDs in j <= i. scale defaults to 1/sqrt(D) only when None.
+    `z`, broadcast likewise, multiplies the weights after the softmax (dropout's mask / (1 − p)).
     """
     with torch.no_grad():
-        return _attention(*(_float64(a).to(dtype) for a in (q, k, v)), keep, causal, scale)
+        return _attention(*(_float64(a).to(dtype) for a in (q, k, v)), keep, causal, scale, z)
 
 
 @one_thread()
-def attention_grads(q, k, v, do, keep=None, causal=False, scale=None, dtype=torch.float64):
+def attention_grads(q, k, v, do, keep=None, causal=False, scale=None, dtype=torch.float64, z=None):
     """o and (dq, dk, dv): the gradients of sum(o ∘ do) by autograd in float64 (or `dtype`);
     arguments as in attention."""
     q, k, v = (_float64(a).to(dtype).requires_grad_() for a in (q, k, v))
-    o, _ = _attention(q, k, v, keep, causal, scale)
+    o, _ = _attention(q, k, v, keep, causal, scale, z)
     # sum(o ∘ do) gives what o.backward(do) gives, which costs ~0.3 s on first use
     (o * torch.as_tensor(do, device=o.device).to(dtype)).sum().backward()
     return o.detach(), (q.grad, k.grad, v.grad)
