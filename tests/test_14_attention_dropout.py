@@ -254,12 +254,13 @@ def test_mask_independent_of_tiles_and_grid(ex, rng, monkeypatch):
     q, k, v, do = qkv_do(rng, 2, 1, 45, 37, 16)
     seed = draw_seed(rng)
     before = as_numpy(mask_of(ex, seed, 0.3, 2, 1, 45, 37))
-    others = dict(fwd=dict(BLOCK_M=16, BLOCK_N=32), dkdv=dict(BLOCK_M=32, BLOCK_N=16), dq=dict(BLOCK_M=16, BLOCK_N=32),
+    # One query block of 64 rows walks three key tiles of 16 in one stage, and a key block of 64 three query tiles.
+    others = dict(fwd=dict(BLOCK_M=64, BLOCK_N=16), dkdv=dict(BLOCK_M=16, BLOCK_N=64), dq=dict(BLOCK_M=64, BLOCK_N=16),
                   mask=dict(BLOCK_M=16, BLOCK_N=32))
     monkeypatch.setattr(ex, "kernel_tiles", lambda width: others)
     after = as_numpy(mask_of(ex, seed, 0.3, 2, 1, 45, 37))
     if not np.array_equal(after, before):
-        raise AssertionError(f"dropout_mask({seed}, 0.3, 2, 1, 45, 37) with tiles of 16 x 32: "
+        raise AssertionError(f"dropout_mask({seed}, 0.3, 2, 1, 45, 37) with tiles of 16 x 32, not 64 x 64: "
                              f"{first_difference(after != 0, before != 0)}\n  convention: {COUNTER}")
     check(ex, q, k, v, do, dropout_p=0.3, seed=seed, causal=True,
           convention=f"the mask depends on the pair alone, not on the kernels' tiles ({others}); {COUNTER}")

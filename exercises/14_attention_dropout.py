@@ -1,0 +1,294 @@
+"""Exercise 14 — attention dropout, regenerated in the backward.
+
+The idea
+    Training a transformer drops attention weights at random: each entry of the normalised P is
+    kept with probability 1 − p and then weighs 1/(1 − p) (so that its expected value is P's), or
+    dropped to 0. Standard attention draws the mask in a kernel of its own, multiplies P by it in
+    another, and keeps it in HBM for the backward: the mask has n² entries, as P has, and the
+    backward must read it back. FlashAttention keeps neither P nor the mask. The forward draws each
+    tile's mask where it computes P, on chip; the backward, which rebuilds P from lse, draws the
+    same mask again from the same seed. Nothing of size n × n is ever written or read.
+
+Counter-based: the same mask again, in any program
+    A counter-based generator is a hash: u = Philox(seed, counter), a uniform number in [0, 1)
+    that depends on the seed and the counter alone, with no state carried from one draw to the
+    next (Salmon et al., 2011, "Parallel random numbers: as easy as 1, 2, 3"). Triton's
+    tl.rand(seed, offsets) computes it for a whole tile of counters at once. Give each (query, key)
+    pair of each (batch, head) a counter of its own, its place in the (B, H, n_q, n_k) mask,
+        counter = ((b·H + h)·n_q + i)·n_k + j        pair (i, j) kept iff tl.rand(seed, counter) >= p
+    and any program can draw any entry: the forward's program of query block i, the backward's
+    program of key block j (which sees the tile transposed), dropout_mask's programs, whatever
+    their tile sizes or their grid. The counter passes 2**31 at a 64k context (16 heads of 64k x 64k
+    pairs): compute it in int64 (Triton's Philox takes its low and high 32 bits as two counter
+    words). keep_mask takes broadcast index arrays, as 12's mask_mod does: rows[:, None] and
+    keys[None, :] for a tile with queries on its rows, rows[None, :] and keys[:, None] for one
+    with keys on its rows.
+
+The formulas (06 and 09, with Z = keep / (1 − p): 1/(1 − p) where kept, 0 where dropped)
+    forward:  m and l from every score, kept or dropped (they normalise softmax(S), which
+              dropout does not change);  acc += (P̃ ∘ keep) V;  o = acc / (l · (1 − p))
+    backward: P = exp2(S·c − lse·log2 e) as in 09, then
+              dV += (P ∘ Z)ᵀ dO        dP = (dO Vᵀ) ∘ Z        dS = P ∘ (dP − D)
+              with D = rowsum(dO ∘ O) as in 09: o is the dropped output, and
+              rowsum(P ∘ dP) = rowsum(dO ∘ (P ∘ Z) V) = rowsum(dO ∘ O).
+    dQ and dK follow from dS as in 09. A row whose every attended key is dropped has o = 0 and
+    a finite lse: dividing by l (undropped, never 0) keeps it so; its dS is 0.
+    p = 0 is 09 exactly: the kernels take DROPOUT = p > 0 as a constexpr, and without it they
+    draw no random numbers (Triton compiles the branch away).
+
+In the paper
+    FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B. Algorithm 2 (the forward with
+    masking and dropout): line 1 sets the generator's state R and saves it to HBM, line 14 drops
+    P̃_ij, line 15 adds P̃_ij^dropped V_j into O_i, and l and m (line 13) come from the undropped
+    P̃_ij; line 19 returns R beside O, l, m. Algorithm 4 (the backward): line 1 restores R; line 13
+    rebuilds P_ij; line 14 regenerates Z_ij (1/(1 − p) with probability 1 − p, else 0); line 15
+    P_ij^dropped = P_ij ∘ Z_ij; line 16 dV_j += (P_ij^dropped)ᵀ dO_i; line 18 dP_ij = dP_ij^dropped
+    ∘ Z_ij; line 19 D_i = rowsum(dO_i ∘ O_i); line 20 dS_ij = P_ij ∘ (dP_ij − D_i). Here R is
+    the seed, and the order of the loops is 09's (FlashAttention-2's), not Algorithm 4's.
+
+Where the kata simplifies
+    - The seed is the caller's (flash-attn draws it, and an offset, from torch's generator and
+      returns them); a model passes a new seed each step.
+    - tl.rand runs the full Philox (ten rounds) for each entry and keeps one of its four 32-bit
+      outputs; flash-attn's kernels use all four, and 8 bits of each per entry.
+
+Conventions
+    - As 09: q (B, H, n_q, D), k and v (B, H, n_k, D), float16, bfloat16 or float32, D <= 256, any
+      n_q, n_k >= 1, causal top-left aligned; o in q's dtype; gradients in their input's dtype.
+    - dropout_p in [0, 1), else ValueError; seed an integer in [0, 2**63), else ValueError.
+    - dropout_mask(seed, dropout_p, B, H, n_q, n_k) is the kernels' mask, True where kept: the
+      tests compare the kernels with dense float64 attention under it.
+    - Without a GPU, TRITON_INTERPRET=1 runs the kernels on the CPU in float32 and float16; the
+      tests compile them for Ampere and Hopper in float16, bfloat16 and float32.
+
+Given (kata/given/)
+    tiles.py      row_ptrs, load_rows and the head-dim padding, as in 09
+    inputs.py     check_inputs: 09's ValueErrors
+    launch.py     the grid, fixed tiles for small problems, autotuning; the backward's tile sizes
+    precision.py  dot_precision(dtype): tl.dot's input_precision (PRECISION), as in 09
+"""
+import math
+import operator
+
+import torch
+import triton
+import triton.language as tl
+
+from kata.given import tiles
+from kata.given.inputs import check_inputs
+from kata.given.launch import LOG2E, TUNING_DKDV, TUNING_DQ, autotuned, backward_tiles, interpreted, launch
+from kata.given.precision import dot_precision
+from kata.given.solved import solved
+
+MAX_SEED = 2**63  # Triton passes a seed as a 64-bit integer
+
+
+# ---------------------------------------------------------------- the mask (yours) ------------------
+
+@triton.jit
+def keep_mask(seed, dropout_p, bh, q_idx, kv_idx, n_q, n_k):
+    """True where dropout keeps pair (q_idx, kv_idx) of batch·head bh: tl.rand(seed, counter) >= dropout_p,
+    counter = (bh·n_q + q_idx)·n_k + kv_idx in int64. q_idx and kv_idx are broadcast index arrays
+    (rows[:, None] and keys[None, :], or transposed); the result has their broadcast shape."""
+    # TODO: the counter of each pair, in int64 (it passes 2**31 at long context); keep where
+    #       tl.rand(seed, counter) >= dropout_p.
+    raise NotImplementedError("keep_mask: replace this line with your code")
+
+
+# ---------------------------------------------------------------- the forward (yours) ---------------
+
+@triton.jit
+def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi, n_q, n_k, qk_scale,
+               seed, dropout_p, bh, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold key tiles [lo, hi) into the running state of one query block, as 06's attn_tiles,
+    with P̃'s dropped entries left out of acc (not out of l). Returns acc, l, m."""
+    # TODO: 06's loop; after l is updated from every weight, under DROPOUT set the dropped weights
+    #       to 0 (keep_mask of rows[:, None], keys[None, :]) before acc += p @ v. Every tl.dot takes
+    #       input_precision=PRECISION.
+    raise NotImplementedError("_fwd_tiles: replace this line with your code")
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
+              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+              stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+              H, n_q, n_k,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: one query block of one (batch, head), as 06's _attn_fwd (without kv_lens).
+
+    LSE (B, H, n_q) contiguous float32, from the undropped scores; qk_scale = scale · log2(e).
+    """
+    # TODO: 06's program, passing seed, dropout_p and the batch·head to _fwd_tiles; under DROPOUT
+    #       o = acc / (l · (1 − dropout_p)); lse = (m + log2 l) · ln 2 as in 06.
+    raise NotImplementedError("_attn_fwd: replace this line with your code")
+
+
+# ---------------------------------------------------------------- the backward (yours) --------------
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE, DELTA, lo, hi, n_q, n_k,
+                qk_scale, seed, dropout_p, bh, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    """Add query tiles [lo, hi) into dk, dv of one key block, as 09's _dkdv_tiles, with the
+    forward's mask regenerated on the transposed tile. Returns dk, dv, not yet times scale."""
+    # TODO: 09's loop; under DROPOUT, Zᵀ = keep_mask of rows[None, :], keys[:, None] (keys on the
+    #       tile's rows) as 1/(1 − dropout_p) or 0; dv += (Pᵀ ∘ Zᵀ) @ dO, dPᵀ ∘= Zᵀ, then dSᵀ as in 09.
+    raise NotImplementedError("_dkdv_tiles: replace this line with your code")
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, seed, dropout_p, qk_scale, scale,
+              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+              stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+              stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+              H, n_q, n_k,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: dK and dV of one key block of one (batch, head), as 09's _bwd_dkdv."""
+    # TODO: 09's program, passing seed, dropout_p and the batch·head to _dkdv_tiles.
+    raise NotImplementedError("_bwd_dkdv: replace this line with your code")
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, lo, hi, n_q, n_k, qk_scale,
+              seed, dropout_p, bh, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+              BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Add key tiles [lo, hi) into dq of one query block, as 09's _dq_tiles, with dP times the
+    forward's Z. Returns dq, not yet times scale."""
+    # TODO: 09's loop; under DROPOUT, dP ∘= Z (keep_mask of rows[:, None], keys[None, :] as
+    #       1/(1 − dropout_p) or 0) before dS = P ∘ (dP − D).
+    raise NotImplementedError("_dq_tiles: replace this line with your code")
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, seed, dropout_p, qk_scale, scale,
+            stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+            stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+            stride_dqb, stride_dqh, stride_dqn,
+            H, n_q, n_k,
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: dQ of one query block of one (batch, head), as 09's _bwd_dq."""
+    # TODO: 09's program, passing seed, dropout_p and the batch·head to _dq_tiles.
+    raise NotImplementedError("_bwd_dq: replace this line with your code")
+
+
+_attn_fwd_tuned = autotuned(_attn_fwd, solved("06").TUNING)
+_bwd_dkdv_tuned = autotuned(_bwd_dkdv, TUNING_DKDV)
+_bwd_dq_tuned = autotuned(_bwd_dq, TUNING_DQ)
+
+
+# ---------------------------------------------------------------- the plumbing (given) -------------
+
+@triton.jit
+def _mask_kernel(MASK, seed, dropout_p, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: keep_mask of one (BLOCK_M, BLOCK_N) tile of one batch·head, stored as int8 into the
+    contiguous (B, H, n_q, n_k) MASK, where an entry's index is its counter."""
+    row_blocks = tl.cdiv(n_q, BLOCK_M)
+    col_blocks = tl.cdiv(n_k, BLOCK_N)
+    bh = tl.program_id(0) // (row_blocks * col_blocks)
+    tile = tl.program_id(0) % (row_blocks * col_blocks)
+    rows = tile // col_blocks * BLOCK_M + tl.arange(0, BLOCK_M)
+    keys = tile % col_blocks * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = keep_mask(seed, dropout_p, bh, rows[:, None], keys[None, :], n_q, n_k)
+    where = (bh.to(tl.int64) * n_q + rows[:, None]) * n_k + keys[None, :]
+    tl.store(MASK + where, keep.to(tl.int8), mask=(rows < n_q)[:, None] & (keys < n_k)[None, :])
+
+
+def kernel_tiles(width: int) -> dict:
+    """The fixed tiles of each kernel ("fwd", "dkdv", "dq", "mask") for small problems and the interpreter,
+    06's and 09's: the mask depends on none of them."""
+    forward = dict(BLOCK_M=32, BLOCK_N=16) if interpreted() else dict(BLOCK_M=64, BLOCK_N=64 if width <= 128 else 32)
+    return dict(fwd=forward, **backward_tiles(width), mask=dict(BLOCK_M=64, BLOCK_N=64))
+
+
+def check_dropout(dropout_p, seed) -> tuple[float, int]:
+    """(dropout_p, seed) as a float and an int, or ValueError: p in [0, 1), seed an integer in [0, MAX_SEED)."""
+    try:
+        seed = operator.index(seed)
+    except TypeError:
+        raise ValueError(f"seed must be an integer, got {type(seed).__name__} {seed!r}") from None
+    if not 0 <= seed < MAX_SEED:
+        raise ValueError(f"seed must lie in [0, 2**63), got {seed}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}: the probability that an "
+                         f"attention weight is dropped (kept ones weigh 1/(1 - dropout_p))")
+    return float(dropout_p), seed
+
+
+def dropout_mask(seed: int, dropout_p: float, B: int, H: int, n_q: int, n_k: int, device=None) -> torch.Tensor:
+    """The keep mask flash_attention(..., dropout_p, seed) draws, (B, H, n_q, n_k) bool, True where kept.
+
+    device: the kernels' device when None (CUDA, or the CPU under TRITON_INTERPRET=1).
+    """
+    dropout_p, seed = check_dropout(dropout_p, seed)
+    if min(B, H, n_q, n_k) < 1:
+        raise ValueError(f"B, H, n_q and n_k must be >= 1, got {(B, H, n_q, n_k)}")
+    device = torch.device(device if device is not None else "cpu" if interpreted() else "cuda")
+    mask = torch.empty((B, H, n_q, n_k), dtype=torch.int8, device=device)
+    block = kernel_tiles(16)["mask"]
+    grid = (triton.cdiv(n_q, block["BLOCK_M"]) * triton.cdiv(n_k, block["BLOCK_N"]) * B * H,)
+    _mask_kernel[grid](mask, seed, dropout_p, n_q, n_k, **block)
+    return mask.view(torch.bool)
+
+
+class AttentionDropout(torch.autograd.Function):
+    """o = dropout(softmax(scale · q kᵀ)) v; the forward saves q, k, v, o, lse and the seed, the backward
+    rebuilds P and the mask."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float, dropout_p: float, seed: int):
+        head_dim = q.shape[-1]
+        width = tiles.padded_width(head_dim)
+        q, k, v = (tiles.pad_head_dim(t, width) for t in (q, k, v))
+        (B, H, n_q, _), n_k = q.shape, k.shape[2]
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+        args = (q, k, v, o, lse, seed, dropout_p, scale * LOG2E,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, n_q, n_k)
+        launch(_attn_fwd, _attn_fwd_tuned, args, rows=n_q, block="BLOCK_M", fixed=kernel_tiles(width)["fwd"],
+               **_sizes(q, k, causal, dropout_p))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.dropout_p, ctx.seed, ctx.head_dim = causal, scale, dropout_p, seed, head_dim
+        return o[..., :head_dim]
+
+    @staticmethod
+    def backward(ctx, do):
+        """dq, dk, dv in the dtypes of q, k, v: D, then the dK, dV and dQ kernels."""
+        q, k, v, o, lse = ctx.saved_tensors
+        do = tiles.pad_head_dim(do, q.shape[-1])
+        (_, H, n_q, width), n_k = q.shape, k.shape[2]
+        delta = (o.float() * do.float()).sum(-1).contiguous()  # D = rowsum(dO ∘ O), as in 09
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        fixed, sizes = kernel_tiles(width), _sizes(q, k, ctx.causal, ctx.dropout_p)
+        shared = (ctx.seed, ctx.dropout_p, ctx.scale * LOG2E, ctx.scale,
+                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+        launch(_bwd_dkdv, _bwd_dkdv_tuned, (q, k, v, do, dk, dv, lse, delta, *shared,
+                                            *dk.stride()[:3], *dv.stride()[:3], H, n_q, n_k),
+               rows=n_k, block="BLOCK_N", fixed=fixed["dkdv"], **sizes)
+        launch(_bwd_dq, _bwd_dq_tuned, (q, k, v, do, dq, lse, delta, *shared, *dq.stride()[:3], H, n_q, n_k),
+               rows=n_q, block="BLOCK_M", fixed=fixed["dq"], **sizes)
+        d = ctx.head_dim
+        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None
+
+
+def _sizes(q, k, causal: bool, dropout_p: float) -> dict:
+    """What every launch of the three kernels shares: the problem's size and the constexprs."""
+    (B, H, n_q, width), n_k = q.shape, k.shape[2]
+    return dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=causal,
+                DROPOUT=dropout_p > 0, PRECISION=dot_precision(q.dtype))
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, dropout_p: float = 0.0, seed: int = 0) -> torch.Tensor:
+    """dropout(softmax(scale · q kᵀ)) v, fused and differentiable; q (B, H, n_q, D), k and v (B, H, n_k, D).
+
+    Each weight is dropped with probability dropout_p, by the mask dropout_mask(seed, dropout_p, B, H,
+    n_q, n_k); kept weights are multiplied by 1/(1 − dropout_p). Returns o (B, H, n_q, D) in q's dtype.
+    """
+    check_inputs(q, k, v, scale)
+    dropout_p, seed = check_dropout(dropout_p, seed)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return AttentionDropout.apply(q, k, v, bool(causal), scale, dropout_p, seed)
