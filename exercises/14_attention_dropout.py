@@ -34,7 +34,9 @@ The formulas (06 and 09, with Z = keep / (1 − p): 1/(1 − p) where kept, 0 wh
     dQ and dK follow from dS as in 09. A row whose every attended key is dropped has o = 0 and
     a finite lse: dividing by l (undropped, never 0) keeps it so; its dS is 0.
     p = 0 is 09 exactly: the kernels take DROPOUT = p > 0 as a constexpr, and without it they
-    draw no random numbers (Triton compiles the branch away).
+    draw no random numbers (Triton compiles the branch away). The seed, a new one each training
+    step, is passed with do_not_specialize: else Triton compiles the kernels again for a seed of 1
+    or a multiple of 16.
 
 In the paper
     FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B. Algorithm 2 (the forward with
@@ -109,7 +111,7 @@ def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     raise NotImplementedError("_fwd_tiles: replace this line with your code")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
@@ -138,7 +140,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     raise NotImplementedError("_dkdv_tiles: replace this line with your code")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, seed, dropout_p, qk_scale, scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
@@ -162,7 +164,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn
     raise NotImplementedError("_dq_tiles: replace this line with your code")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, seed, dropout_p, qk_scale, scale,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
@@ -182,7 +184,7 @@ _bwd_dq_tuned = autotuned(_bwd_dq, TUNING_DQ)
 
 # ---------------------------------------------------------------- the plumbing (given) -------------
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _mask_kernel(MASK, seed, dropout_p, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: keep_mask of one (BLOCK_M, BLOCK_N) tile of one batch·head, stored as int8 into the
     contiguous (B, H, n_q, n_k) MASK, where an entry's index is its counter."""

@@ -34,7 +34,9 @@ The formulas (06 and 09, with Z = keep / (1 − p): 1/(1 − p) where kept, 0 wh
     dQ and dK follow from dS as in 09. A row whose every attended key is dropped has o = 0 and
     a finite lse: dividing by l (undropped, never 0) keeps it so; its dS is 0.
     p = 0 is 09 exactly: the kernels take DROPOUT = p > 0 as a constexpr, and without it they
-    draw no random numbers (Triton compiles the branch away).
+    draw no random numbers (Triton compiles the branch away). The seed, a new one each training
+    step, is passed with do_not_specialize: else Triton compiles the kernels again for a seed of 1
+    or a multiple of 16.
 
 In the paper
     FlashAttention (Dao et al., 2022, arXiv 2205.14135), Appendix B. Algorithm 2 (the forward with
@@ -133,7 +135,7 @@ def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     # END SOLUTION
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
@@ -223,7 +225,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     # END SOLUTION
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, seed, dropout_p, qk_scale, scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
@@ -301,7 +303,7 @@ def _dq_tiles(dq, q, do, lse2, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn
     # END SOLUTION
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, seed, dropout_p, qk_scale, scale,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
@@ -348,7 +350,7 @@ _bwd_dq_tuned = autotuned(_bwd_dq, TUNING_DQ)
 
 # ---------------------------------------------------------------- the plumbing (given) -------------
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _mask_kernel(MASK, seed, dropout_p, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: keep_mask of one (BLOCK_M, BLOCK_N) tile of one batch·head, stored as int8 into the
     contiguous (B, H, n_q, n_k) MASK, where an entry's index is its counter."""
@@ -425,7 +427,7 @@ class AttentionDropout(torch.autograd.Function):
         """dq, dk, dv in the dtypes of q, k, v: D, then the dK, dV and dQ kernels."""
         q, k, v, o, lse = ctx.saved_tensors
         do = tiles.pad_head_dim(do, q.shape[-1])
-        (B, H, n_q, width), n_k = q.shape, k.shape[2]
+        (_, H, n_q, width), n_k = q.shape, k.shape[2]
         delta = (o.float() * do.float()).sum(-1).contiguous()  # D = rowsum(dO ∘ O), as in 09
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         fixed, sizes = kernel_tiles(width), _sizes(q, k, ctx.causal, ctx.dropout_p)

@@ -6,7 +6,7 @@ import triton.language as tl
 from kata.given import tiles
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
@@ -53,7 +53,7 @@ def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
 
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, seed, dropout_p, qk_scale, scale,
             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,

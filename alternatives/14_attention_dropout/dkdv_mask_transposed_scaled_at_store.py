@@ -39,7 +39,7 @@ def _dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, stride_qn, stride_don, LSE,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, seed, dropout_p, qk_scale, scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,

@@ -35,7 +35,7 @@ def _fwd_tiles(acc, l, m, q, k_ptrs, v_ptrs, stride_kn, stride_vn, rows, lo, hi,
     return acc, l, m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _attn_fwd(Q, K, V, O, LSE, seed, dropout_p, qk_scale,
               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
