@@ -3,11 +3,12 @@
 The idea
     Training a transformer drops attention weights at random: each entry of the normalised P is
     kept with probability 1 − p and then weighs 1/(1 − p) (so that its expected value is P's), or
-    dropped to 0. Standard attention draws the mask in a kernel of its own, multiplies P by it in
-    another, and keeps it in HBM for the backward: the mask has n² entries, as P has, and the
-    backward must read it back. FlashAttention keeps neither P nor the mask. The forward draws each
-    tile's mask where it computes P, on chip; the backward, which rebuilds P from lse, draws the
-    same mask again from the same seed. Nothing of size n × n is ever written or read.
+    dropped to 0. Standard attention runs dropout as a kernel of its own, which reads P from HBM,
+    writes the dropped P and the mask, and keeps the mask for the backward: the mask has n² entries,
+    as P has, and the backward reads it back. FlashAttention keeps neither P nor the mask. The
+    forward draws each tile's mask where it computes P, on chip; the backward, which rebuilds P
+    from lse, draws the same mask again from the same seed. Nothing of size n × n is ever written
+    or read.
 
 Counter-based: the same mask again, in any program
     A counter-based generator is a hash: u = Philox(seed, counter), a uniform number in [0, 1)
@@ -18,11 +19,11 @@ Counter-based: the same mask again, in any program
         counter = ((b·H + h)·n_q + i)·n_k + j        pair (i, j) kept iff tl.rand(seed, counter) >= p
     and any program can draw any entry: the forward's program of query block i, the backward's
     program of key block j (which sees the tile transposed), dropout_mask's programs, whatever
-    their tile sizes or their grid. The counter passes 2**31 at a 64k context (16 heads of 64k x 64k
-    pairs): compute it in int64 (Triton's Philox takes its low and high 32 bits as two counter
-    words). keep_mask takes broadcast index arrays, as 12's mask_mod does: rows[:, None] and
-    keys[None, :] for a tile with queries on its rows, rows[None, :] and keys[:, None] for one
-    with keys on its rows.
+    their tile sizes or their grid. The counter passes 2**31 once B·H·n_q·n_k does (one head at a
+    64k context has 2**32 pairs): compute it in int64 (Triton's Philox takes its low and high 32
+    bits as two counter words). keep_mask takes broadcast index arrays, as 12's mask_mod does:
+    rows[:, None] and keys[None, :] for a tile with queries on its rows, rows[None, :] and
+    keys[:, None] for one with keys on its rows.
 
 The formulas (06 and 09, with Z = keep / (1 − p): 1/(1 − p) where kept, 0 where dropped)
     forward:  m and l from every score, kept or dropped (they normalise softmax(S), which
@@ -49,10 +50,11 @@ In the paper
     the seed, and the order of the loops is 09's (FlashAttention-2's), not Algorithm 4's.
 
 Where the kata simplifies
-    - The seed is the caller's (flash-attn draws it, and an offset, from torch's generator and
-      returns them); a model passes a new seed each step.
-    - tl.rand runs the full Philox (ten rounds) for each entry and keeps one of its four 32-bit
-      outputs; flash-attn's kernels use all four, and 8 bits of each per entry.
+    - The seed is the caller's (flash-attn takes a seed and an offset from torch's generator and
+      keeps them for the backward); a model passes a new seed each step.
+    - tl.rand runs the full Philox (ten rounds) for each entry and keeps 32 of its 128 bits;
+      flash-attn compares 8 random bits per entry with the keep probability rounded down to a
+      multiple of 1/255, so that one Philox call serves 16 entries.
 
 Conventions
     - As 09: q (B, H, n_q, D), k and v (B, H, n_k, D), float16, bfloat16 or float32, D <= 256, any

@@ -168,8 +168,8 @@ def _keep_tile(OUT, seed, dropout_p, bh, first_row, first_key, n_q, n_k, KEEP: t
 
 
 def test_counter_past_2_31_is_int64(ex, rng):
-    """The counter computed in int32: past 2**31 pairs it wraps (at a 64k context, 16 heads of 64k x 64k
-    pairs), and heads far apart draw one mask. keep_mask runs here on one tile of batch·head 17 at
+    """The counter computed in int32: past 2**31 pairs it wraps (one head at a 64k context has 2**32),
+    and pairs far apart draw one bit. keep_mask runs here on one tile of batch·head 17 at
     queries from 60000 and keys from 1000 of 65536 x 65536 (counters near 7.7e10)."""
     seed, dropout_p, bh, n, rows, keys = draw_seed(rng), 0.5, 17, 65536, 60000, 1000
     out = torch.empty((16, 16), dtype=torch.int8, device=DEVICE)
