@@ -72,6 +72,7 @@ Given (kata/given/)
     precision.py  dot_precision(dtype): tl.dot's input_precision (PRECISION), as in 09
 """
 import math
+import numbers
 import operator
 
 import torch
@@ -216,7 +217,7 @@ def check_dropout(dropout_p, seed) -> tuple[float, int]:
         raise ValueError(f"seed must be an integer, got {type(seed).__name__} {seed!r}") from None
     if not 0 <= seed < MAX_SEED:
         raise ValueError(f"seed must lie in [0, 2**63), got {seed}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0 <= dropout_p < 1:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}: the probability that an "
                          f"attention weight is dropped (kept ones weigh 1/(1 - dropout_p))")
     return float(dropout_p), seed

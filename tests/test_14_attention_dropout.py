@@ -14,15 +14,17 @@ from functools import partial
 import numpy as np
 import pytest
 
-from checks import assert_close
+from checks import assert_close, assert_unmodified
+from spies import observed
 
 torch = pytest.importorskip("torch", reason="skipped: exercise 14 needs PyTorch")
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, WRAPPER_BAD_INPUTS, as_numpy, call,  # noqa: E402
+from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, FLOAT32, GYM_SHAPE, WRAPPER_BAD_INPUTS, as_numpy, call,  # noqa: E402
                             check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu,
-                            interpreted_only, low_precision, poison_unattended_keys, poisoned_buffers,  # noqa: F401
-                            qkv_do, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
+                            interpreted_only, low_precision, poison_unattended_keys, qkv_do, record_stages,
+                            shape_id, skip_unless_supported, small_qk, tolerance,
+                            poisoned_buffers, torch_default_float32)  # noqa: F401 (fixtures)
 
 triton = pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 import triton.language as tl  # noqa: E402
@@ -36,6 +38,7 @@ COUNTER = ("pair (i, j) of batch·head bh = b·H + h is kept iff tl.rand(seed, c
 FORWARD = "o = (P ∘ Z) V with P = softmax(scale·QKᵀ) (m and l from every score) and Z = keep / (1 − p)"
 BACKWARD = ("the backward regenerates the forward's mask: dV = (P ∘ Z)ᵀ dO, dP = (dO Vᵀ) ∘ Z, dS = P ∘ (dP − D), "
             "D = rowsum(dO ∘ O)")
+P_ZERO = "p = 0 is 09 exactly: the kernels take DROPOUT = p > 0 as a constexpr and draw nothing without it"
 CAUSAL = "causal is top-left aligned: query i attends key j iff j <= i, also when n_q != n_k; dropout ANDs in"
 
 
@@ -109,10 +112,13 @@ def mask_of(ex, seed, dropout_p, B, H, n_q, n_k):
 
 
 def check(ex, q, k, v, do, dropout_p, seed, causal=False, convention="", nan_convention=""):
-    """Forward and backward through the kernels; o, dq, dk, dv against float64 autograd of dense
-    attention whose weights are multiplied by dropout_mask(seed, ...) / (1 − dropout_p)."""
+    """Forward and backward through the kernels; the inputs unmodified, then o, dq, dk, dv against
+    float64 autograd of dense attention whose weights are multiplied by dropout_mask(seed, ...) / (1 − p)."""
     __tracebackhide__ = True
+    before = [t.clone() for t in (q, k, v, do)]
     o, grads = run(ex, q, k, v, do, causal=causal, dropout_p=dropout_p, seed=seed)
+    for t, t0, label in zip((q, k, v, do), before, ("q", "k", "v", "do")):
+        assert_unmodified(as_numpy(t0), as_numpy(t), label)
     z = mask_of(ex, seed, dropout_p, *sizes(q, k)).double() / (1 - dropout_p)
     what = name(q, k, causal, dropout_p, seed)
     o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, z=z)
@@ -292,18 +298,21 @@ def test_causal_skips_tiles_above_the_diagonal(ex, rng):
 @interpreted_only
 def test_p_zero_is_09_and_draws_nothing(ex, rng, monkeypatch):
     """The dropout branch taken at p = 0 (every pair kept, but a Philox hash paid for each): keep_mask
-    is wrapped while the interpreter runs the kernels as Python and must never be called; the results
-    must be 09's, solved."""
+    is wrapped while the interpreter runs the kernels as Python and must not be called at p = 0; the
+    results must be 09's, solved. Kernels that draw their mask without keep_mask (seen at p > 0) pass
+    with the rule reported not checked."""
     q, k, v, do = qkv_do(rng, 1, 2, 37, 29, 16)
+    seed = draw_seed(rng)
     calls = record_stages(monkeypatch, ex, "keep_mask")
-    o, grads = run(ex, q, k, v, do, causal=True, dropout_p=0.0, seed=draw_seed(rng))
+    o, grads = run(ex, q, k, v, do, causal=True, dropout_p=0.0, seed=seed)
     assert not calls, (f"{name(q, k, True)}: keep_mask was called {len(calls)} times at dropout_p = 0"
-                       f"\n  convention: p = 0 is 09 exactly: the kernels take DROPOUT = p > 0 as a constexpr "
-                       f"and draw nothing without it")
+                       f"\n  convention: {P_ZERO}")
     o_09, grads_09 = forward_backward(lambda *t: solved("09").flash_attention(*t, causal=True), q, k, v, do)
     for label, got, expected in zip(("o", "dq", "dk", "dv"), (o, *grads), (o_09, *grads_09)):
         assert_close(as_numpy(got), as_numpy(expected), what=f"{name(q, k, True)}: {label} against 09's",
                      rtol=1e-6, atol=1e-6, convention="p = 0 is 09 exactly")
+    run(ex, *qkv_do(rng, 1, 1, 5, 7, 16), dropout_p=0.5, seed=seed)
+    observed(P_ZERO, {"keep_mask": calls})
 
 
 @interpreted_only
@@ -392,6 +401,17 @@ def test_gpu_mask_is_philox_of_the_absolute_position(ex, rng):
     if not np.array_equal(got, expected):
         raise AssertionError(f"dropout_mask({seed}, 0.25, {shape}) compiled: {first_difference(got, expected)}"
                              f"\n  convention: {COUNTER}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.usefixtures("torch_default_float32")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_float32_in_full_at_attention_gym_sizes(ex, rng, causal):
+    """float32 multiplied in TF32 (tl.dot's own default) where torch computes it in full, at the sizes
+    of attention-gym's float32 test, as 09's."""
+    B, H, n, D = GYM_SHAPE
+    check(ex, *qkv_do(rng, B, H, n, n, D), dropout_p=0.1, seed=draw_seed(rng), causal=causal, convention=FLOAT32)
 
 
 @gpu
