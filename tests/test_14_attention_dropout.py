@@ -30,6 +30,7 @@ triton = pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 import triton.language as tl  # noqa: E402
 
 from kata.given.solved import solved  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs  # noqa: E402
 
 # P is computed before the causal mask zeroes it: a pair above the diagonal may overflow exp2 to inf, unused.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -313,6 +314,23 @@ def test_p_zero_is_09_and_draws_nothing(ex, rng, monkeypatch):
                      rtol=1e-6, atol=1e-6, convention="p = 0 is 09 exactly")
     run(ex, *qkv_do(rng, 1, 1, 5, 7, 16), dropout_p=0.5, seed=seed)
     observed(P_ZERO, {"keep_mask": calls})
+
+
+def test_dv_summed_in_float32_across_query_tiles(ex, rng):
+    """Each query tile's (Pᵀ ∘ Zᵀ) dO rounded to the inputs' dtype before it joins dV: here
+    (cancelling_dv_inputs, as 09's test) key 0's tile products, near ±1024, cancel to a dV near 10, and
+    each rounding to float16 is off by up to 0.5. p = 0.5 makes Z = 2, exact in float16 (so O and D
+    carry no rounding of their own), and the seed is the first from the test's whose mask keeps key 0
+    for 8 rows of every 16 (found with the NumPy Philox), so that the tiles' products cancel."""
+    n_q, n_k, tile = 64, 40, 16
+    seed = draw_seed(rng)
+    key_0 = np.arange(n_q, dtype=np.uint64) * np.uint64(n_k)  # the counters of (query i, key 0)
+    while not (philox_keep(seed, 0.5, key_0).reshape(-1, tile).sum(1) == tile // 2).all():
+        seed += 1
+    check(ex, *cancelling_dv_inputs(rng, 1, 1, n_q, n_k, 16, tile), dropout_p=0.5, seed=seed, causal=True,
+          convention="dV = Σ over query tiles of (Pᵀ ∘ Zᵀ) dO, summed in float32 (tl.dot's accumulator argument) "
+                     "and rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
+                     "every 16 rows")
 
 
 @interpreted_only
