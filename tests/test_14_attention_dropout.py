@@ -30,6 +30,7 @@ triton = pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 import triton.language as tl  # noqa: E402
 
 from kata.given.solved import solved  # noqa: E402
+from requires_grad import FROZEN, check_frozen  # noqa: E402
 from rounding_inputs import cancelling_dv_inputs  # noqa: E402
 
 # P is computed before the causal mask zeroes it: a pair above the diagonal may overflow exp2 to inf, unused.
@@ -314,6 +315,19 @@ def test_p_zero_is_09_and_draws_nothing(ex, rng, monkeypatch):
                      rtol=1e-6, atol=1e-6, convention="p = 0 is 09 exactly")
     run(ex, *qkv_do(rng, 1, 1, 5, 7, 16), dropout_p=0.5, seed=seed)
     observed(P_ZERO, {"keep_mask": calls})
+
+
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_gradients_of_frozen_and_trained_inputs(ex, rng, frozen):
+    """The backward deciding whether a gradient is wanted from the wrong input (dV from k's
+    requires_grad, say): frozen keys with trained values (or another mix) lose a gradient, or get one
+    they did not ask for."""
+    q, k, v, do = qkv_do(rng, 1, 2, 30, 41, 16)
+    seed = draw_seed(rng)
+    z = mask_of(ex, seed, 0.3, *sizes(q, k)).double() / 0.7
+    _, expected = attention_grads(q, k, v, do, causal=True, z=z)
+    check_frozen(partial(ex.flash_attention, causal=True, dropout_p=0.3, seed=seed), q, k, v, do, frozen, expected,
+                 name(q, k, True, 0.3, seed), tolerance(q.dtype, BACKWARD_TOL), BACKWARD)
 
 
 def test_dv_summed_in_float32_across_query_tiles(ex, rng):
