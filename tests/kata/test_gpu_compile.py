@@ -2,8 +2,11 @@
 IEEE under torch's default setting, as torch's matmuls; TF32 allowed where the user asked torch for it."""
 import pytest
 
+from kata.gpu import triton_missing
+
 pytest.importorskip("torch", reason="skipped: the compile check runs torch's kernels")
-pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+if missing := triton_missing():
+    pytest.skip(f"skipped: {missing}", allow_module_level=True)
 
 from gpu_compile import compile_for_gpus, dot_precisions  # noqa: E402
 from torch_settings import float32_matmul_precision  # noqa: E402
