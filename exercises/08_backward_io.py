@@ -32,6 +32,17 @@ The counts, in elements
     rows of the tiles scheduled for key block j (a tile is read whole): reads 4nd + (3d + 2)·R,
     writes n + d·R + 2nd.
 
+Dropout: what fusing saves beside recomputation
+    Standard attention runs dropout as a kernel of its own each way. The forward's reads P and
+    writes the dropped P and the keep mask; O = P V (exercise 05) and kernel 1 here read the
+    dropped P where they read P. The backward's reads kernel 2's dO Vᵀ, the gradient of the
+    dropped P, and the mask, and writes dP = (dO Vᵀ) ∘ mask/(1 - p) for kernel 3. Each moves three
+    n x n arrays: dropout adds reads n², writes 2n² to the forward and reads 2n², writes n² to the
+    backward, causal or not, 6n² in all. The mask counts as n² elements, as the simulator counts any array (PyTorch
+    stores it as one byte an entry, half of an fp16 P). FlashAttention adds nothing: it draws a
+    tile's mask on chip from a seed where it computes P, and the backward draws it again
+    (exercise 14). The grader's table shows both with dropout beside the paper's Figure 2.
+
 Blocks and SRAM
     FlashAttention's backward moves about 4n²d/block_k + 2n²/block_k elements: halve block_k,
     double the traffic. A key block keeps K_j, V_j, dK_j and dV_j on chip (4·block_k·d) beside a

@@ -69,9 +69,14 @@ def table(module: ModuleType) -> str:
 
 
 BACKWARD_SCOPE = """\
+Dropout: standard attention runs it as a kernel of its own each way (the
+  paper's Figure 1): the forward's reads P and writes the dropped P and the
+  keep mask, the backward's reads the dropped P's gradient (dO Vᵀ) and the mask
+  and writes dP, n² elements each (the mask too, though PyTorch's is a byte).
+  FlashAttention moves nothing more: it draws the mask on chip in both passes
+  from a seed (exercise 14).
 What the model leaves out. Standard: the extra passes over S and P for the
-  mask, the scale and dropout (PyTorch runs each as a kernel of its own: the
-  paper's Figure 1), and the dropout mask kept for the backward.
+  mask and the scale (PyTorch runs each as a kernel of its own).
 FlashAttention: the paper's kernels use other block sizes and loop orders
   (Algorithms 1 and 4: key blocks outside, Q, O, dO, dQ re-read per key block).
 Both: the L2 cache (a re-read that hits it counts here as HBM traffic, and
@@ -79,9 +84,20 @@ Both: the L2 cache (a re-read that hits it counts here as HBM traffic, and
   at 2 bytes like the rest."""
 
 
-GPT2_ROWS = [("forward", ("forward",), False), ("backward", ("backward",), False),
-             ("forward + backward", ("forward", "backward"), False),
-             ("forward + backward, causal", ("forward", "backward"), True)]
+def standard_dropout_io(n: int) -> dict[str, tuple[int, int]]:
+    """pass -> (reads, writes) in elements that dropout adds to one head of standard attention,
+    causal or not: the forward's dropout kernel reads P and writes the dropped P and the keep mask;
+    the backward's reads dO Vᵀ (the dropped P's gradient, from 08's kernel 2) and the mask and writes
+    dP for 08's kernel 3. The other kernels read the dropped P where they read P. The mask counts as n²
+    elements, as the simulator counts any array. FlashAttention adds nothing: exercise 14 draws a
+    tile's mask on chip from the seed where it computes P, in the forward and again in the backward."""
+    return {"forward": (n * n, 2 * n * n), "backward": (2 * n * n, n * n)}
+
+
+GPT2_ROWS = [("forward", ("forward",), False, False), ("backward", ("backward",), False, False),
+             ("forward + backward", ("forward", "backward"), False, False),
+             ("forward + backward, causal", ("forward", "backward"), True, False),
+             ("the same, with dropout", ("forward", "backward"), True, True)]
 
 
 def training_table(forward: Callable[[], ModuleType], backward: Callable[[], ModuleType]) -> str:
@@ -94,9 +110,10 @@ def training_table(forward: Callable[[], ModuleType], backward: Callable[[], Mod
             std, flash = (_io(modules["backward"], f"{a}_backward_io", n) for a in ("standard", "flash"))
             rows.append([n, *std, *flash, f"{sum(std) / sum(flash):.2f}x"])
         gpt2 = []
-        for label, passes, causal in GPT2_ROWS:
+        for label, passes, causal, dropout in GPT2_ROWS:
             std, flash = (sum(sum(_io(modules[p], f"{a}_{'attention' if p == 'forward' else 'backward'}_io",
                                       N_GPT2, causal)) for p in passes) for a in ("standard", "flash"))
+            std += sum(sum(standard_dropout_io(N_GPT2)[p]) for p in passes) if dropout else 0
             gpt2.append([label, _gb(std), _gb(flash), f"{std / flash:.1f}x"])
     except Exception as error:  # the learner's code: any failure means no table, not a crash
         return (f"Forward + backward IO table skipped: {type(error).__name__}: {error}\n(it is computed "

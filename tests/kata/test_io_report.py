@@ -1,11 +1,13 @@
 """Tests for kata/tools/io_report.py, the IO tables the grader prints once exercises 05 and 08 pass."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from kata.given.hbm import HBM, blocks
 from kata.grader import commands
 from kata.exercises import SOLUTIONS_DIR, find, load
-from kata.tools.io_report import sparse_table, table, training_table
+from kata.tools.io_report import sparse_table, standard_dropout_io, table, training_table
 
 WIDTH = 80  # a terminal's columns
 
@@ -46,10 +48,43 @@ def test_training_table_adds_the_backward_from_the_closed_forms():
     assert rows["backward"] == ["19.9", "GB", "5.1", "GB", "3.9x"]
     assert rows["forward + backward"] == ["30.9", "GB", "7.6", "GB", "4.1x"]
     assert rows["forward + backward, causal"] == ["30.9", "GB", "4.7", "GB", "6.5x"]
+    # Dropout adds 6n² = 6,291,456 elements to standard attention's 15,073,280 (12.9 GB), none to flash's.
+    assert rows["the same, with dropout"] == ["43.8", "GB", "4.7", "GB", "9.3x"]
     assert rows["paper, measured (A100)"] == ["40.3", "GB", "4.4", "GB", "9.2x"]
     for words in ("dropout", "mask", "L2 cache", "Figure 2", "block_q = block_k = 128"):
         assert words in text
     assert max(map(len, text.splitlines())) <= WIDTH
+
+
+def test_standard_dropout_io_is_what_its_kernels_move():
+    """Standard attention's dropout kernels run on the simulator, a block of full rows at a time: the
+    forward reads P and writes the dropped P and the keep mask, the backward reads the dropped P's
+    gradient and the mask and writes dP. A count without the mask (written, or read back in the
+    backward), or without the backward's kernel, differs."""
+    n, block_q, p = 13, 4, 0.25
+    rng = np.random.default_rng(0)
+    weights, grad_dropped, keep = rng.random((n, n)), rng.standard_normal((n, n)), rng.random((n, n)) >= p
+    hbm = HBM(capacity=3 * block_q * n)  # three row blocks of n x n arrays live at once
+    hbm.put("P", weights)
+    hbm.put("dP_dropped", grad_dropped)
+    for name in ("P_dropped", "dP"):
+        hbm.put(name, np.full((n, n), np.nan))  # poisoned: an element never written stays NaN
+    hbm.zeros("mask", (n, n), bool)
+    moved = {}
+    for name, source, target in (("forward", "P", "P_dropped"), ("backward", "dP_dropped", "dP")):
+        before = hbm.reads, hbm.writes
+        for rows in blocks(n, block_q):
+            with hbm.on_chip():
+                if name == "forward":
+                    hbm.write("mask", rows, value=keep[rows])
+                    mask = keep[rows]
+                else:
+                    mask = hbm.read("mask", rows)
+                hbm.write(target, rows, value=np.where(mask, hbm.read(source, rows) / (1 - p), 0.0))
+        moved[name] = (hbm.reads - before[0], hbm.writes - before[1])
+    np.testing.assert_array_equal(hbm.array("P_dropped"), np.where(keep, weights / (1 - p), 0.0))
+    np.testing.assert_array_equal(hbm.array("dP"), np.where(keep, grad_dropped / (1 - p), 0.0))
+    assert moved == standard_dropout_io(n), f"simulated {moved}, standard_dropout_io({n}) says {standard_dropout_io(n)}"
 
 
 def test_table_reports_a_closed_form_that_raises():
