@@ -277,11 +277,16 @@ def repeat_kv(q, k, v):
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
-def standard_attention(torch, q, k, v, causal: bool = False):
+def standard_attention(torch, q, k, v, causal: bool = False, dropout_p: float = 0.0):
     """softmax(q kᵀ / sqrt(d)) v as PyTorch runs it step by step, the n × n scores in HBM: matmul, mask,
-    softmax, matmul. The paper's standard attention; the forward benchmark's naive column."""
+    softmax, dropout where dropout_p > 0, matmul. The paper's standard attention; the forward
+    benchmark's naive column. Dropout is PyTorch's own kernel: it reads P, writes the dropped P and
+    keeps its mask for the backward."""
     s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), -math.inf)
-    return torch.softmax(s, dim=-1) @ v
+    p = torch.softmax(s, dim=-1)
+    if dropout_p > 0:
+        p = torch.nn.functional.dropout(p, dropout_p)
+    return p @ v
 

@@ -43,7 +43,10 @@ def test_backward_counts_two_and_a_half_forwards():
     matmul = 2 * 64 * 16 * 1024 * 1024 * 64
     assert round(counted * 1e9) == round(3.5 * matmul)  # (1 + 2.5) x the causal forward's 2 matmuls / 2
     assert round(executed * 1e9) == 6 * matmul  # standard attention computes every score
-    assert bench_paper.paper_flops("yours (09)")[1] < executed
+    assert bench_paper.paper_flops(bench_paper.STANDARD_DROPOUT) == (counted, executed)  # dropout is no matmul
+    for kernel in ("yours (09)", "reference (14)"):
+        assert bench_paper.paper_flops(kernel) == (counted, bench_paper.paper_flops("reference (09)")[1])
+        assert bench_paper.paper_flops(kernel)[1] < executed
 
 
 NCU_CSV = '''==PROF== Connected to process 123
@@ -69,21 +72,81 @@ def test_ncu_output_without_a_table_is_an_error():
         raise AssertionError("expected ValueError")
 
 
+def paper_columns():
+    """The six columns of `--bench paper`, made up: yours not started, the references and standard measured."""
+    def measured(executed, ms, gib, ncu):
+        return {"counted": 481.0, "executed": executed, "ms": ms, "gib": gib, "ncu": ncu}
+    not_started = {"counted": 481.0, "executed": 695.8, "note": "not started"}
+    return {bench_paper.STANDARD: measured(824.6, 30.0, 9.5, 35.2), "yours (09)": not_started,
+            "reference (09)": measured(695.8, 3.0, 1.9, "skipped (--no-ncu)"),
+            bench_paper.STANDARD_DROPOUT: measured(824.6, 40.0, 12.5, 50.0), "yours (14)": not_started,
+            "reference (14)": measured(695.8, 4.0, 2.5, 2.0)}
+
+
+MODEL = {bench_paper.STANDARD: 30.9, bench_paper.STANDARD_DROPOUT: 43.8, "flash": 4.7}
+
+
+def table_lines(text, title):
+    """The lines of the table under the line that starts with `title`, up to the blank line after it."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    return lines[start + 1:lines.index("", start)]
+
+
+def row(lines, label):
+    return next(line for line in lines if line.strip().startswith(label)).split()
+
+
 def test_paper_table_puts_the_a100_figures_beside_ours():
-    columns = {bench_paper.STANDARD: {"counted": 481.0, "executed": 824.6, "ms": 30.0, "gib": 9.5, "ncu": 35.2},
-               "yours (09)": {"counted": 481.0, "executed": 695.8, "note": "not started"}}
-    text = bench_paper.paper_table(columns, {"standard": 30.9, "flash": 4.7}, "NVIDIA H200")
+    """The 09 columns and standard attention beside the paper's A100 numbers, the dropout columns apart."""
+    text = bench_paper.paper_table(paper_columns(), MODEL, "NVIDIA H200")
+    table = table_lines(text, "GPT-2 medium attention, forward + backward")
     assert "on NVIDIA H200" in text
-    line = next(x for x in text.splitlines() if x.strip().startswith("HBM R/W GB, model"))
-    assert line.split()[-4:] == ["30.9", "4.7", "40.3", "4.4"]
-    line = next(x for x in text.splitlines() if x.strip().startswith("runtime, ms"))
-    assert line.split()[-5:] == ["30.00", "not", "started", "41.7", "7.3"]
+    assert row(table, "HBM R/W GB, model")[-5:] == ["30.9", "4.7", "4.7", "40.3", "4.4"]
+    assert row(table, "runtime, ms")[-6:] == ["30.00", "not", "started", "3.00", "41.7", "7.3"]
     assert "66.6" in text and "75.2" in text
+    assert "(14)" not in "\n".join(table) and bench_paper.STANDARD_DROPOUT not in "\n".join(table)
+
+
+def test_paper_dropout_table_holds_standard_with_dropout_and_14():
+    """The dropout case: PyTorch's dropout against 14's kernels, the model's extra passes on standard's
+    side only; a 09 column or the paper's figures in it would compare other steps."""
+    text = bench_paper.paper_table(paper_columns(), MODEL, "NVIDIA H200")
+    table = table_lines(text, "The same step with attention dropout, p = 0.1")
+    assert table[0].split() == ["standard", "+", "dropout", "(PyTorch)", "yours", "(14)", "reference", "(14)"]
+    assert row(table, "HBM R/W GB, model")[-3:] == ["43.8", "4.7", "4.7"]
+    assert row(table, "HBM R/W GB, measured")[-4:] == ["50.0", "not", "started", "2.0"]
+    assert row(table, "runtime, ms")[-4:] == ["40.00", "not", "started", "4.00"]
+    assert row(table, "peak memory, GiB")[-4:] == ["12.50", "not", "started", "2.50"]
+
+
+def test_paper_ratios_divide_each_kernel_into_its_own_standard():
+    """Standard over FlashAttention: 09's columns over standard attention, 14's over standard with
+    dropout (a 14 column over standard without dropout, or a ratio inverted, misstates the gain); a
+    note or a skipped measurement gives '-', the paper's ratios its measured 9.2x and 5.7x."""
+    text = bench_paper.paper_table(paper_columns(), MODEL, "NVIDIA H200")
+    table = table_lines(text, "Standard over FlashAttention")
+    assert table[0].split() == ["standard", "/", "column", "yours", "(09)", "reference", "(09)", "yours", "(14)",
+                                "reference", "(14)", "paper", "A100"]
+    assert row(table, "HBM R/W, model")[-5:] == ["6.6", "6.6", "9.3", "9.3", "-"]
+    assert row(table, "HBM R/W, measured")[-5:] == ["-", "-", "-", "25.0", "9.2"]
+    assert row(table, "runtime")[-5:] == ["-", "10.0", "-", "10.0", "5.7"]
+    assert row(table, "peak memory")[-5:] == ["-", "5.0", "-", "5.0", "-"]
+
+
+def test_paper_columns_compare_with_their_exercises_standard():
+    assert bench_paper.baseline("yours (09)") == bench_paper.baseline("reference (09)") == bench_paper.STANDARD
+    assert bench_paper.baseline("yours (14)") == bench_paper.baseline("reference (14)") == bench_paper.STANDARD_DROPOUT
 
 
 def test_paper_model_reads_the_closed_forms_of_05_and_08():
+    """05's and 08's closed forms, and standard attention's dropout kernels: 6n² elements of 2 bytes
+    for each of 64 x 16 heads, 12.9 GB; FlashAttention moves none more, so one figure serves both."""
     gb = bench_paper.paper_model_gb()
-    assert 25 < gb["standard"] < 45 and 2 < gb["flash"] < 8  # the paper measured 40.3 and 4.4
+    assert set(gb) == {bench_paper.STANDARD, bench_paper.STANDARD_DROPOUT, "flash"}
+    assert 25 < gb[bench_paper.STANDARD] < 45 and 2 < gb["flash"] < 8  # the paper measured 40.3 and 4.4
+    dropout = 6 * 1024 * 1024 * 2 * 64 * 16 / 1e9
+    assert gb[bench_paper.STANDARD_DROPOUT] - gb[bench_paper.STANDARD] == pytest.approx(dropout, rel=1e-12)
 
 
 @pytest.mark.parametrize("module, name", [(bench_decode, "decode"), (bench_paper, "paper"), (bench_sparse, "sparse"),

@@ -19,6 +19,7 @@ from oracles_torch import attention, attention_grads  # noqa: E402
 
 from kata.bench import common, decode, forward, main as bench_main, paper, sparse  # noqa: E402
 from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
+from kata.given.solved import solved  # noqa: E402
 from kata.tools import io_report  # noqa: E402
 
 # float32 inputs. Compiled, the kernels multiply float32 in full unless torch is asked for TF32
@@ -31,9 +32,9 @@ MAY_HAVE_NO_KERNEL = {"sdpa flash", "sdpa cudnn"}
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """A learner's folder holding the solved 06, 09, 10 and 13, so that the 'yours' columns run too."""
+    """A learner's folder holding the solved 06, 09, 10, 13 and 14, so that the 'yours' columns run too."""
     folder = tmp_path_factory.mktemp("target")
-    for number in ("06", "09", "10", "13"):
+    for number in ("06", "09", "10", "13", "14"):
         shutil.copy(SOLUTIONS_DIR / find(number).filename, folder)
     return folder
 
@@ -70,13 +71,14 @@ def with_gradients(fn, q, k, v, do):
     return out, [t.grad for t in leaves]
 
 
-def check_training(column, fn, q, k, v, causal, mask=None):
-    """fn(q, k, v) and its dq, dk, dv against the oracle's (autograd in float64), for a random output gradient."""
+def check_training(column, fn, q, k, v, causal, mask=None, z=None):
+    """fn(q, k, v) and its dq, dk, dv against the oracle's (autograd in float64), for a random output
+    gradient; z multiplies the oracle's weights after the softmax (dropout's mask / (1 - p))."""
     do = torch.randn_like(q)
     got = run(column, with_gradients, fn, q, k, v, do)
     if got is None:
         return
-    o, grads = attention_grads(q, k, v, do, keep=mask, causal=causal)
+    o, grads = attention_grads(q, k, v, do, keep=mask, causal=causal, z=z)
     for what, mine, ref in zip(("o", "dq", "dk", "dv"), [got[0], *got[1]], [o, *grads]):
         assert_close(column, what, mine, ref)
 
@@ -102,13 +104,31 @@ def test_forward_backward_columns_match_the_reference(target, causal):
         check_training(column, lambda *t, fn=fn: fn(*t, causal), q, k, v, causal)
 
 
-def test_paper_columns_match_the_reference(target):
-    """`--bench paper`: standard attention in PyTorch and 09's kernels, causal, forward + backward."""
+def test_paper_columns_match_the_reference(target, monkeypatch):
+    """`--bench paper`: standard attention in PyTorch and 09's kernels, causal, forward + backward; with
+    dropout, standard attention through PyTorch's dropout at p = 0.1 (dropout skipped, at another p or
+    before the softmax), 14's kernels under their mask at p = 0.1 and the bench's seed (a 09 kernel, or
+    dropout_p not passed)."""
     q, k, v = inputs(seed=3)
     table = paper.paper_methods(torch, target)
-    assert set(table) == {paper.STANDARD, "yours (09)", "reference (09)"}
+    assert set(table) == {paper.STANDARD, "yours (09)", "reference (09)", paper.STANDARD_DROPOUT, "yours (14)",
+                          "reference (14)"}
+    B, H, n_q, _ = q.shape
+    keep = solved("14").dropout_mask(paper.SEED, paper.DROPOUT_P, B, H, n_q, k.shape[2], device=q.device)
+    assert not keep.all(), "the test's mask drops nothing: choose other sizes"
+    z = keep / (1 - paper.DROPOUT_P)
+    calls = []
+
+    def dropout(weights, p):  # PyTorch's dropout, made to drop by 14's mask: one oracle serves both
+        calls.append(p)
+        return weights * z
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", dropout)
     for column, fn in table.items():
-        check_training(column, fn, q, k, v, causal=True)
+        calls.clear()
+        dropped = column in (paper.STANDARD_DROPOUT, "yours (14)", "reference (14)")
+        check_training(column, fn, q, k, v, causal=True, z=z if dropped else None)
+        assert calls == ([paper.DROPOUT_P] if column == paper.STANDARD_DROPOUT else []), (column, calls)
 
 
 @LOG_OF_ZERO_WANTED
