@@ -1,4 +1,4 @@
-"""What the Triton wrappers (exercises 06, 09, 10) check before they launch anything.
+"""What the Triton wrappers check before they launch anything.
 
 A kernel handed a wrong shape reads past its tensors or returns garbage without a word, so each
 wrapper first calls check_inputs, which raises ValueError naming the first problem it finds: a

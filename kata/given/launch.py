@@ -1,4 +1,4 @@
-"""How the Triton exercises (06, 09, 10) run their kernels: compiled on a GPU or interpreted on the
+"""How the Triton exercises run their kernels: compiled on a GPU or interpreted on the
 CPU, on a grid of one axis, with fixed tiles for small problems and autotuned ones for large.
 
 The grid: one program per (block of rows, batch·head), all on axis 0. CUDA's axes 1 and 2 stop at

@@ -1,4 +1,4 @@
-"""How tl.dot multiplies float32 in the Triton exercises (06, 09, 10, 13): as torch's own matmuls do.
+"""How tl.dot multiplies float32 in the Triton exercises: as torch's own matmuls do.
 
 On a GPU with tensor cores, Triton's tl.dot rounds float32 inputs to TF32 (10 bits of mantissa)
 unless told input_precision="ieee". torch multiplies float32 in full float32 unless the user

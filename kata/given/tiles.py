@@ -1,4 +1,4 @@
-"""Tiles of a (B, H, n, D) tensor, for the Triton kernels of exercises 06, 09, 10 and 13.
+"""Tiles of a (B, H, n, D) tensor, for the kernels of the Triton exercises.
 
 A kernel sees one (batch, head) matrix at a time, n rows of D numbers, and moves it a tile of
 rows at a time. Exercises 06, 09 and 10 point at and load such a tile with two device functions:
