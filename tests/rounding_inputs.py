@@ -1,5 +1,5 @@
 """Inputs under which a backward's sums must stay float32: float16 q, k, v, dO (B, H, n, D) whose
-exact gradients a float16 rounding in the wrong place visibly moves (exercises 09 and 13).
+exact gradients a float16 rounding in the wrong place visibly moves (exercises 09, 13 and 14).
 
 Each makes the softmax exact in float16, so that the correct kernel's own rounding (P cast for
 tl.dot, O stored in float16) stays small beside the one the bug adds.
@@ -37,3 +37,9 @@ def cancelling_dv_inputs(rng, B, H, n_q, n_k, d, tile=16):
     sign = 1 - 2 * ((torch.arange(n_q) // tile) % 2)
     do = 64.0 * sign[:, None] + torch.from_numpy(rng.standard_normal((B, H, n_q, d)))
     return _float16(q, k, v, do)
+
+
+def dv_summed(product: str = "Pᵀ dO") -> str:
+    """The convention cancelling_dv_inputs checks, for a dV that sums `product` over query tiles."""
+    return (f"dV = Σ over query tiles of {product}, summed in float32 (tl.dot's accumulator argument) and "
+            "rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign every 16 rows")

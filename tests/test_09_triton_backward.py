@@ -21,7 +21,7 @@ from triton_helpers import (BACKWARD_TOL, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS
                             kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
                             qkv_do, randn, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
-from rounding_inputs import cancelling_dv_inputs, large_d_inputs  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs, dv_summed, large_d_inputs  # noqa: E402
 from training import check_training  # noqa: E402
 
 # P is computed before the causal mask zeroes it: a pair above the diagonal may overflow exp2 to inf, unused.
@@ -186,9 +186,7 @@ def test_dv_summed_in_float32_across_query_tiles(ex, rng):
     here (cancelling_dv_inputs) key 0's tile products, near ±1024, cancel to a dV near 8, and each
     rounding to float16 is off by up to 0.5."""
     check(ex, *cancelling_dv_inputs(rng, 1, 1, 64, 40, 16), causal=True,
-          convention="dV = Σ over query tiles of Pᵀ dO, summed in float32 (tl.dot's accumulator argument) and "
-                     "rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
-                     "every 16 rows")
+          convention=dv_summed())
 
 
 @pytest.mark.parametrize("frozen", FROZEN)

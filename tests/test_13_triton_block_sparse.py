@@ -35,7 +35,7 @@ from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZE
                             low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
-from rounding_inputs import cancelling_dv_inputs, large_d_inputs  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs, dv_summed, large_d_inputs  # noqa: E402
 from training import TRAIN, check_training  # noqa: E402
 
 import triton  # noqa: E402
@@ -531,9 +531,7 @@ def test_dv_summed_in_float32_across_query_tiles(ex, rng):
     here (cancelling_dv_inputs) key 0's tile products, near ±1024, cancel to a dV near 8, and each
     rounding to float16 is off by up to 0.5."""
     check(ex, rng, causal(), *cancelling_dv_inputs(rng, 1, 1, 64, 40, 16), 32, 16,
-          convention="dV = Σ over query tiles of Pᵀ dO, summed in float32 (tl.dot's accumulator argument) and "
-                     "rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
-                     "every 16 rows")
+          convention=dv_summed())
 
 
 @pytest.mark.parametrize("frozen", FROZEN)

@@ -31,7 +31,7 @@ import triton.language as tl  # noqa: E402
 
 from kata.given.solved import solved  # noqa: E402
 from requires_grad import FROZEN, check_frozen  # noqa: E402
-from rounding_inputs import cancelling_dv_inputs  # noqa: E402
+from rounding_inputs import cancelling_dv_inputs, dv_summed  # noqa: E402
 
 # P is computed before the causal mask zeroes it: a pair above the diagonal may overflow exp2 to inf, unused.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -342,9 +342,7 @@ def test_dv_summed_in_float32_across_query_tiles(ex, rng):
     while not (philox_keep(seed, 0.5, key_0).reshape(-1, tile).sum(1) == tile // 2).all():
         seed += 1
     check(ex, *cancelling_dv_inputs(rng, 1, 1, n_q, n_k, 16, tile), dropout_p=0.5, seed=seed, causal=True,
-          convention="dV = Σ over query tiles of (Pᵀ ∘ Zᵀ) dO, summed in float32 (tl.dot's accumulator argument) "
-                     "and rounded once, when stored; here every query attends key 0 alone and dO's rows flip sign "
-                     "every 16 rows")
+          convention=dv_summed("(Pᵀ ∘ Zᵀ) dO"))
 
 
 @interpreted_only
