@@ -15,6 +15,11 @@ report the rule not checked.
     python -m kata.dev.mutants                  # every exercise
     python -m kata.dev.mutants 02 03            # some
     python -m kata.dev.mutants --fresh-seeds    # on new random inputs
+    python -m kata.dev.mutants --both-seeds     # the fixed inputs a learner meets, then new ones
+
+--both-seeds runs each mutant on the fixed inputs, then the test that killed it on new ones, and
+the whole file on new ones only where that test passes on them: a kill that holds on fresh inputs,
+at the cost of one test.
 """
 from __future__ import annotations
 
@@ -58,33 +63,49 @@ def load_mutants(exercise: Exercise) -> list[Mutant]:
             for e in entries]
 
 
-def run_one(mutant: Mutant, fresh_seeds: bool = False) -> tuple[Mutant, str, float]:
+def run_one(mutant: Mutant, fresh_seeds: bool = False, both_seeds: bool = False) -> tuple[Mutant, str, float]:
     """Run the exercise's tests against the mutant; 'killed' when a test fails, 'not checked' when a
-    mutant marked so passes with its rule reported not checked."""
-    outcome = run_tests(mutant.exercise, mutant.source(), TIMEOUT_S, first_failure=True, fresh_seeds=fresh_seeds)
-    # A timeout proves nothing: a mutant that only runs slowly would count as killed.
-    verdict = {"passed": "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
-        outcome.verdict, outcome.verdict)
+    mutant marked so passes with its rule reported not checked. both_seeds: on the fixed inputs,
+    then, where that holds, on fresh ones (see the module's docstring)."""
+    source = mutant.source()
+    outcome = run_tests(mutant.exercise, source, TIMEOUT_S, first_failure=True, fresh_seeds=fresh_seeds and not both_seeds)
+    verdict, seconds = _verdict(mutant, outcome), outcome.seconds
+    if both_seeds and verdict in ("killed", "not checked"):
+        again = run_tests(mutant.exercise, source, TIMEOUT_S, first_failure=True, fresh_seeds=True,
+                          only=outcome.failed_test)
+        seconds += again.seconds
+        if outcome.failed_test and again.verdict != "failed":  # that test kills it on the fixed inputs alone
+            again = run_tests(mutant.exercise, source, TIMEOUT_S, first_failure=True, fresh_seeds=True)
+            seconds += again.seconds
+        verdict = _verdict(mutant, again)
+    return mutant, verdict, seconds
+
+
+def _verdict(mutant: Mutant, outcome) -> str:
     if mutant.not_checked and outcome.verdict == "passed" and outcome.not_checked:
-        verdict = "not checked"
-    return mutant, verdict, outcome.seconds
+        return "not checked"
+    # A timeout proves nothing: a mutant that only runs slowly would count as killed.
+    return {"passed": "SURVIVED", "failed": "killed", "timeout": f"TIMEOUT ({TIMEOUT_S} s)"}.get(
+        outcome.verdict, outcome.verdict)
 
 
 def main(argv: list[str]) -> int:
-    exercises, fresh = parse_args(argv, __doc__)
+    both = "--both-seeds" in argv
+    exercises, fresh = parse_args([a for a in argv if a != "--both-seeds"], __doc__)
     mutants = [m for ex in exercises for m in load_mutants(ex)]
     for m in mutants:
         m.source()  # a stale mutant is an error before anything runs
     verdicts = []
     with trials() as pool:
-        for mutant, verdict, seconds in pool.map(lambda m: run_one(m, fresh), mutants):
+        for mutant, verdict, seconds in pool.map(lambda m: run_one(m, fresh, both), mutants):
             verdicts.append(verdict)
             print(f"{mutant.exercise.number} {mutant.name:<32} {verdict:<18} {seconds:5.1f}s  {mutant.bug}",
                   flush=True)
     killed, reported = verdicts.count("killed"), verdicts.count("not checked")
     survivors = len(mutants) - killed - reported
     print(f"mutants: {killed} of {len(mutants)} killed" + (f", {reported} reported not checked" if reported else "")
-          + (f", {survivors} not killed" if survivors else "") + (" (fresh seeds)" if fresh else ""))
+          + (f", {survivors} not killed" if survivors else "")
+          + (" (fixed seeds, then fresh)" if both else " (fresh seeds)" if fresh else ""))
     return 1 if survivors or not mutants else 0
 
 

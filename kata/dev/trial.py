@@ -21,13 +21,15 @@ class Outcome:
     seconds: float
     summary: str  # pytest's last line, or what went wrong
     not_checked: int = 0  # rules the passing tests could not observe (the code did without their helpers)
+    failed_test: str | None = None  # the first test that failed, as pytest names it: test_rows[n1]
 
 
 def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bool = False,
-              fresh_seeds: bool = False) -> Outcome:
-    """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it,
-    forked from the grader's fork server where the system can fork: torch and pytest are imported
-    once for all the trials. Its seconds are counted as the grader counts a forked run's, from the fork."""
+              fresh_seeds: bool = False, only: str | None = None) -> Outcome:
+    """Write `source` as the exercise's file in a folder of its own and run the exercise's tests on it
+    (`only`: that one test, test_rows[n1]), forked from the grader's fork server where the system can
+    fork: torch and pytest are imported once for all the trials. Its seconds are counted as the
+    grader counts a forked run's, from the fork."""
     env = process_environment()
     env.pop("KATA_SEED", None)
     if fresh_seeds:
@@ -37,7 +39,8 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     with tempfile.TemporaryDirectory(prefix="kata-trial-") as tmp:
         # Each exercise file is self-contained and its tests load it alone.
         Path(tmp, exercise.filename).write_text(source, encoding="utf-8")
-        args = [str(exercise.test_file), "--target", tmp, "-q", "-p", "no:cacheprovider",
+        tests = f"{exercise.test_file}::{only}" if only else str(exercise.test_file)
+        args = [tests, "--target", tmp, "-q", "-p", "no:cacheprovider",
                 *(["-x"] if first_failure else [])]
         returncode, output, killed, seconds = run_pytest(args, timeout, launch.can_fork(), env, cap=None)
     if killed:
@@ -47,15 +50,17 @@ def run_tests(exercise: Exercise, source: str, timeout: float, first_failure: bo
     # printed at exit comes after it
     summary = next((line for line in reversed(lines) if SUMMARY.search(line)), output.strip()[-300:])
     # pytest exits 1 for failed tests and for errors alike; only a failed test counts as "failed".
+    failed_test = None
     if returncode == 0:
         verdict = "passed"
     elif returncode == 1 and " failed" in summary:
         verdict = "failed"
-        summary += _first_failure(lines)
+        failed_test, seed = _first_failure(lines)
+        summary += f"; first failure: {failed_test}" + (f" ({seed})" if seed else "") if failed_test else ""
     else:
         verdict = f"error (pytest exit {returncode})"
     unseen = NOT_CHECKED_HEADING.search(output)
-    return Outcome(verdict, seconds, summary, int(unseen.group(1)) if unseen else 0)
+    return Outcome(verdict, seconds, summary, int(unseen.group(1)) if unseen else 0, failed_test)
 
 
 @contextlib.contextmanager
@@ -76,16 +81,15 @@ SUMMARY = re.compile(r" in \d+\.\d+s\b")  # pytest's "1 failed, 3 passed in 2.01
 FAILURE_HEADER = re.compile(r"_{3,} (\S.*\S) _{3,}")  # pytest's "____ test_name ____" over each failure
 
 
-def _first_failure(lines: list[str]) -> str:
-    """The first failed test and the seed that replays it, from pytest's report: on fresh seeds a
-    failure is otherwise lost with the run."""
+def _first_failure(lines: list[str]) -> tuple[str | None, str | None]:
+    """The first failed test and the line naming the seed that replays it, from pytest's report: on
+    fresh seeds a failure is otherwise lost with the run."""
     headers = [(i, found.group(1)) for i, line in enumerate(lines) if (found := FAILURE_HEADER.fullmatch(line))]
     if not headers:
-        return ""
+        return None, None
     (first, name), after = headers[0], headers[1:]
     section = lines[first:after[0][0] if after else None]
-    seed = next((line.strip() for line in section if "rerun with KATA_SEED=" in line), None)
-    return f"; first failure: {name}" + (f" ({seed})" if seed else "")
+    return name, next((line.strip() for line in section if "rerun with KATA_SEED=" in line), None)
 
 
 def parse_args(argv: list[str], usage: str) -> tuple[list[Exercise], bool]:

@@ -11,8 +11,9 @@ import pytest
 
 from hbm_helpers import check_closed_forms
 from kata.exercises import EXERCISES_DIR, ROOT, SOLUTIONS_DIR, find
+from kata.dev import mutants
 from kata.dev.mutants import load_mutants, run_one
-from kata.dev.trial import parse_args, run_tests
+from kata.dev.trial import Outcome, parse_args, run_tests
 from kata.gpu import triton_missing
 from kata.grader import cache
 from kata.grader.report import as_json, details, table
@@ -97,6 +98,27 @@ def test_a_mutant_hidden_from_its_rule_must_pass_with_the_rule_reported():
     mutant = next(m for m in load_mutants(find("02")) if m.name == "two_passes_after_asarray")
     assert mutant.not_checked
     assert run_one(mutant)[1] == "not checked"
+
+
+@pytest.mark.parametrize("fresh, verdict", [
+    (["failed"], "killed"),  # the test that killed it on the fixed inputs kills it on fresh ones
+    (["passed", "failed"], "killed"),  # that test no longer does, another in the file does
+    (["passed", "passed"], "SURVIVED"),  # killed on the fixed inputs alone: a kill by luck
+], ids=["same-test", "another-test", "luck"])
+def test_both_seeds_holds_a_kill_to_fresh_inputs(monkeypatch, fresh, verdict):
+    """--both-seeds runs the test that killed a mutant on the fixed inputs again on fresh ones, then the
+    whole file only if that test passes there; a mutant no fresh run kills has survived."""
+    calls = []
+
+    def scripted(exercise, source, timeout, first_failure=False, fresh_seeds=False, only=None):
+        calls.append((fresh_seeds, only))
+        result = "failed" if not fresh_seeds else fresh[len(calls) - 2]
+        return Outcome(result, 1.0, "", failed_test="test_rows[n1]" if result == "failed" else None)
+
+    monkeypatch.setattr(mutants, "run_tests", scripted)
+    mutant = load_mutants(find("01"))[0]
+    assert mutants.run_one(mutant, both_seeds=True)[1:] == (verdict, float(len(calls)))
+    assert calls[:2] == [(False, None), (True, "test_rows[n1]")] and calls[2:] in ([], [(True, None)])
 
 
 def test_numbers_in_messages_print_as_a_learner_writes_them():
