@@ -42,7 +42,8 @@ Conventions
     - float32 multiplies in full float32 on a GPU, as torch's matmuls do, unless the user asked torch
       for TF32 (Triton's default): every tl.dot takes input_precision=PRECISION, which the wrapper
       sets from torch's setting (kata/given/precision.py).
-    - Without a GPU, TRITON_INTERPRET=1 runs the same kernel on the CPU, one program at a time, in
+    - Without a CUDA GPU the tests run the same kernel in Triton's interpreter (they set
+      TRITON_INTERPRET=1 themselves) on the CPU, one program at a time, in
       float32 and float16 with small tiles (32 x 16); the tests also compile it for Ampere and Hopper
       in float16, bfloat16 and float32, where a module global read inside @triton.jit or tl.dot of mixed
       dtypes is refused. Only the GPU stage runs bfloat16, the tuned tiles and thousands of tokens.

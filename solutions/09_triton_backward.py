@@ -61,7 +61,8 @@ Conventions
     - Sums (dK_j, dV_j, dQ_i, D) are float32; P and dS are cast to the input dtype for tl.dot.
     - As in 06, every tl.dot takes input_precision=PRECISION: float32 in full unless torch was asked
       for TF32 (kata/given/precision.py).
-    - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU in float32 and float16,
+    - Without a CUDA GPU the tests run the same kernels in Triton's interpreter (they set
+      TRITON_INTERPRET=1 themselves) on the CPU in float32 and float16,
       with small tiles (16 and 32); the tests also compile them for Ampere and Hopper in float16,
       bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the tuned tiles, thousands of
       tokens and the training run.

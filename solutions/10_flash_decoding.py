@@ -39,7 +39,8 @@ Conventions
     - kv_lens[b] = 0 makes every row of batch b fully masked: o = 0, lse = −inf, never NaN.
     - num_splits None: chosen from B·H_kv, n_k and the GPU's SM count (choose_num_splits).
       Chunks are keys_per_split(n_k, num_splits) long, whole tiles; splits past the end are empty.
-    - Without a GPU, TRITON_INTERPRET=1 runs the same kernels on the CPU, one program at a time, in
+    - Without a CUDA GPU the tests run the same kernels in Triton's interpreter (they set
+      TRITON_INTERPRET=1 themselves) on the CPU, one program at a time, in
       float32 and float16 with 16-key tiles; the tests also compile them for Ampere and Hopper in
       float16, bfloat16 and float32, as a GPU would. Only the GPU stage runs bfloat16, the real tile sizes
       and split counts, and long caches.

@@ -62,7 +62,8 @@ Conventions
     - dropout_p in [0, 1), else ValueError; seed an integer in [0, 2**63), else ValueError.
     - dropout_mask(seed, dropout_p, B, H, n_q, n_k) is the kernels' mask, True where kept: the
       tests compare the kernels with dense float64 attention under it.
-    - Without a GPU, TRITON_INTERPRET=1 runs the kernels on the CPU in float32 and float16; the
+    - Without a CUDA GPU the tests run the kernels in Triton's interpreter (they set
+      TRITON_INTERPRET=1 themselves) on the CPU in float32 and float16; the
       tests compile them for Ampere and Hopper in float16, bfloat16 and float32.
 
 Given (kata/given/)
@@ -392,7 +393,7 @@ def check_dropout(dropout_p, seed) -> tuple[float, int]:
 def dropout_mask(seed: int, dropout_p: float, B: int, H: int, n_q: int, n_k: int, device=None) -> torch.Tensor:
     """The keep mask flash_attention(..., dropout_p, seed) draws, (B, H, n_q, n_k) bool, True where kept.
 
-    device: the kernels' device when None (CUDA, or the CPU under TRITON_INTERPRET=1).
+    device: the kernels' device when None (CUDA, or the CPU where the kernels run interpreted).
     """
     dropout_p, seed = check_dropout(dropout_p, seed)
     if min(B, H, n_q, n_k) < 1:

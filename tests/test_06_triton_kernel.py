@@ -18,6 +18,7 @@ from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LOG_
                             WRAPPER_BAD_INPUTS, call, kv_in_layouts, check_compiles_for_gpus, check_forward, gpu, interpreted_only, poison_padding, poison_unattended_keys,
                             poisoned_buffers, randn, shape_id, skip_unless_supported, small_qk,  # noqa: F401 (a fixture)
                             tolerance, visible, masked_tiles, record_stages)
+from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 
 pytestmark = LOG_OF_ZERO_WANTED
 MASKED_ROW = "a fully masked row (kv_lens[b] = 0) gives o = 0 and lse = -inf, never NaN"
@@ -269,7 +270,6 @@ def test_gpu_more_than_65535_batch_heads(ex, rng):
 
 
 # ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
-from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 
 
 @gpu

@@ -20,6 +20,7 @@ from triton_helpers import (DEVICE, DTYPES, KV_LAYOUTS, KV_LENS_BAD_INPUTS, LOG_
                             WRAPPER_BAD_INPUTS, call, check_compiles_for_gpus, kv_in_layouts, check_forward, gpu, interpreted_only, masked_tiles,
                             poison_padding, poisoned_buffers, randn, record_stages,  # noqa: F401 (a fixture)
                             skip_unless_supported, tolerance, visible)
+from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 
 pytestmark = LOG_OF_ZERO_WANTED
 GQA = "query head h reads kv head h // (H_q / H_kv); tile row r is query r % n_q of head kv·G + r // n_q"
@@ -339,7 +340,6 @@ def test_gpu_more_than_65535_programs(ex, rng):
 
 
 # ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
-from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 
 
 @gpu

@@ -34,6 +34,7 @@ from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZE
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
                             low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
+from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
 from rounding_inputs import cancelling_dv_inputs, dv_summed, large_d_inputs  # noqa: E402
 from training import TRAIN, check_training  # noqa: E402
@@ -747,7 +748,6 @@ def test_gpu_training_matches_sdpa(ex, rng):
 
 
 # ---- float32 on a GPU: in full unless torch was asked for TF32 ------------------------------------
-from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 
 GYM_MASKS = {"causal": lambda rng, n: causal(), "window64": lambda rng, n: window(64),
              "documents": lambda rng, n: documents(doc_ids(rng, n, 4))}

@@ -1,4 +1,4 @@
-"""What the tests of the Triton exercises (06, 09, 10) share: inputs, poisons, tolerances, and the
+"""What the tests of the Triton exercises share: inputs, poisons, tolerances, and the
 check of a forward kernel's o and lse against float64 attention (tests/oracles_torch.py).
 
 Import it after `pytest.importorskip("torch")` and before Triton. Without Triton it skips the

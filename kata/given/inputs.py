@@ -19,7 +19,7 @@ def check_inputs(q, k, v, scale, kv_lens=None, grouped_heads: bool = False) -> N
     """Raise ValueError naming the first problem with the inputs of attention.
 
     q (B, H, n_q, D); k and v (B, H, n_k, D), or with grouped_heads (B, H_kv, n_k, D), H a multiple
-    of H_kv; one dtype of DTYPES, one device (CUDA, or the CPU under TRITON_INTERPRET=1); every
+    of H_kv; one dtype of DTYPES, one device (CUDA, or the CPU where the kernels run interpreted); every
     axis at least 1 long; D <= MAX_HEAD_DIM; scale None or positive and finite; kv_lens None or an
     int tensor (B,) on q's device with entries in [0, n_k].
     """
@@ -31,7 +31,7 @@ def check_inputs(q, k, v, scale, kv_lens=None, grouped_heads: bool = False) -> N
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: q, k and v must share one device")
     if q.device.type != "cuda" and not interpreted():
-        raise ValueError(f"tensors are on {q.device}: compiled Triton needs CUDA (or set TRITON_INTERPRET=1)")
+        raise ValueError(f"tensors are on {q.device}: the kernels run compiled here, on CUDA tensors (.cuda())")
     if interpreted() and q.dtype == torch.bfloat16:
         raise ValueError("dtype bfloat16 under TRITON_INTERPRET=1: Triton's interpreter multiplies the raw bits "
                          "of bfloat16 in tl.dot and returns garbage; use float32 (or float16) on the CPU")

@@ -1,7 +1,7 @@
 """Tiles of a (B, H, n, D) tensor, for the kernels of the Triton exercises.
 
 A kernel sees one (batch, head) matrix at a time, n rows of D numbers, and moves it a tile of
-rows at a time. Exercises 06, 09 and 10 point at and load such a tile with two device functions:
+rows at a time. Exercises 06, 09, 10 and 14 point at and load such a tile with two device functions:
 
     ptrs = tiles.row_ptrs(K, b, h, stride_kb, stride_kh, stride_kn, keys, HEAD_DIM)
     k = tiles.load_rows(ptrs, keys, n_k, MASKED)       # (len(keys), HEAD_DIM)

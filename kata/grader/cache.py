@@ -4,8 +4,9 @@ exercise is not run again.
 The key covers the learner's file, its test file and the tests' helpers, the grader's own code,
 pytest.ini, the time limit, the versions of Python and the packages (torch's names its CUDA build),
 the GPU (whether one is there, which, and its driver: they decide whether the kernels run compiled
-or interpreted, and which tests skip), and the environment variables the tests read. The kata's own folders (exercises/, solutions/) are
-cached; any other --target folder, and fresh random inputs, are always run.
+or interpreted, and which tests skip), and the environment variables the tests read. The kata's
+own folders (exercises/, solutions/) are cached; any other --target folder, and fresh random
+inputs, are always run.
 """
 from __future__ import annotations
 

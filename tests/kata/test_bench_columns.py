@@ -18,7 +18,7 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from oracles_torch import attention, attention_grads  # noqa: E402
 
 from kata.bench import common, decode, forward, main as bench_main, paper, sparse  # noqa: E402
-from kata.exercises import SOLUTIONS_DIR, find  # noqa: E402
+from kata.exercises import SOLUTIONS_DIR, find, numbers_where  # noqa: E402
 from kata.given.solved import solved  # noqa: E402
 from kata.tools import io_report  # noqa: E402
 
@@ -32,9 +32,9 @@ MAY_HAVE_NO_KERNEL = {"sdpa flash", "sdpa cudnn"}
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """A learner's folder holding the solved 06, 09, 10, 13 and 14, so that the 'yours' columns run too."""
+    """A learner's folder holding the solved Triton exercises, so that the 'yours' columns run too."""
     folder = tmp_path_factory.mktemp("target")
-    for number in ("06", "09", "10", "13", "14"):
+    for number in numbers_where("needs_gpu"):
         shutil.copy(SOLUTIONS_DIR / find(number).filename, folder)
     return folder
 

@@ -9,8 +9,13 @@ from triton_helpers import INTERPRETED, call  # noqa: E402  sets TRITON_INTERPRE
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (INTERPRETED and bounds_check.available()),
-                                reason="checks Triton's interpreter: kernels here run compiled")
+pytestmark = pytest.mark.skipif(not INTERPRETED, reason="checks Triton's interpreter: kernels here run compiled")
+
+
+def test_this_interpreter_can_be_watched():
+    """The interpreter's load, store and launch functions that watch wraps: without them every
+    interpreted test would run unwatched, and say nothing of it."""
+    assert bounds_check.available(), "this Triton's interpreter lacks the functions tests/bounds_check.py wraps"
 
 
 @triton.jit

@@ -153,7 +153,7 @@ print(json.dumps(dict(seen, probe=probe())))
 def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
     """On a (faked) GPU with TRITON_INTERPRET=1 exported: the tests' device, kata/given's launch code,
     Triton itself and doctor's probe all run compiled, the probe saying the variable was overridden."""
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     if why := gpu.triton_missing():
         pytest.skip(why)
     done = subprocess.run([sys.executable, "-c", GPU_WITH_THE_VARIABLE], cwd=ROOT, capture_output=True, text=True,
@@ -165,7 +165,10 @@ def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
     probe = seen["probe"]
     assert probe["mode"] == "compiled on the GPU" and "TRITON_INTERPRET=1, exported in this shell, is overridden" in \
         probe["why"]
-    assert not probe["ok"] and "loaded" not in probe["error"]  # got as far as CUDA tensors: there is no GPU here
+    if not torch.cuda.is_available():  # the probe got as far as CUDA tensors; on a real GPU its kernel runs
+        assert not probe["ok"] and "loaded" not in probe["error"]
+    else:
+        assert probe["ok"], probe
 
 
 TRITON_FIRST = """
