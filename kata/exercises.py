@@ -64,6 +64,8 @@ EXERCISES = [
              needs_torch=True),
     Exercise("14", "attention_dropout", "dropout in the kernel, its mask regenerated in the backward",
              needs_gpu=True, needs_torch=True),
+    Exercise("15", "train_gpt", "a GPT on your kernels: the attention layer, packed documents", needs_gpu=True,
+             needs_torch=True),
 ]
 
 

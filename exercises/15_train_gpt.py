@@ -1,0 +1,96 @@
+"""Exercise 15 — train a GPT on your kernels.
+
+The idea
+    Exercises 06 to 14 built attention's kernels; here they run inside a model that learns. The
+    GPT is given (kata/given/gpt.py: embeddings, pre-LN blocks, an MLP, a tied head), and so are its
+    data and its training loop. You write the two pieces that meet the kernels:
+      1. the attention layer: project x to q, k, v, split them into heads, run 14's kernel (causal,
+         dropout in training), join the heads and project back;
+      2. sequence packing: several documents one after another in one row, attended with 13's
+         document mask, so that documents of any length train together and no padding is computed.
+
+The layer (x (B, T, C), n_head heads of D = C / n_head; nanoGPT's shapes)
+    q, k, v = split(x W_qkv + b_qkv)                   three (B, T, C)
+    q → (B, T, n_head, D) → (B, n_head, T, D)          the kernels' layout, as k and v
+    y = flash_attention(q, k, v, causal=True, dropout_p, seed)       14's kernel, scale 1/sqrt(D)
+    y → (B, T, n_head, D) → (B, T, C);  out = y W_proj + b_proj
+    dropout_p is the config's in training mode (module.training) and 0 in evaluation. The model
+    hands each layer a seed of its own at each step: a mask of its own, redrawn in the backward.
+
+Packing
+    Padding a batch of documents to its longest wastes the kernel's time on pairs that are thrown
+    away. Packing puts them end to end in one row, with doc_ids[t] the document of token t, and
+    attends with 13's document_mask (same document, and causal within it): 13's block mask lists
+    only the tiles where some pair shares a document, so a row of many short documents costs in
+    proportion to Σ len², not (Σ len)². For a packed row to give each document exactly what it
+    would get alone, three things restart at each document:
+        attention   doc_ids: no token sees another document
+        positions   0, 1, 2, ... from each document's first token
+        targets     each token's next token in its document; the last has none (IGNORE)
+    13's kernel has no dropout: a packed row in training with dropout_p > 0 raises ValueError
+    (train packed rows with dropout 0, as GPT pretraining mostly does).
+
+In the paper
+    FlashAttention (Dao et al., 2022), section 4: GPT-2 trained with its kernels, dropout inside
+    (Algorithm 2), 3x faster than HuggingFace's and 1.7x Megatron-LM's, and Path-X (a task that
+    needs a 16k context) solved above chance once the context holds it whole. The long-range task
+    here (kata/given/needle.py) is of that kind: a needle anywhere in the row.
+
+Conventions
+    - x (B, T, C) float32 (float16 or bfloat16 too on a GPU), any T >= 1 up to the config's block_size.
+    - The layer's parameters are the given ones (qkv, proj), so that the tests can build torch's
+      reference from them: scaled_dot_product_attention with 14's dropout_mask(seed, ...).
+    - doc_ids (T,) int for a packed row, B = 1; else ValueError.
+    - pack(documents): one row of N = Σ len tokens, nothing added, in the documents' order.
+
+Given (kata/given/)
+    gpt.py     GPTConfig, GPT, Block, MLP, Batch (tokens, targets, positions, doc_ids), IGNORE
+    needle.py  the documents (filler, a needle, the question) and the task's accuracy
+    train.py   the training loop: python grader.py train runs it on your layer
+    solved.py  solved("14").flash_attention, solved("13")'s document_mask, block_mask, block_sparse_attention
+"""
+import torch
+from torch import nn
+
+from kata.given import gpt
+from kata.given.gpt import Batch, GPTConfig
+from kata.given.launch import interpreted
+from kata.given.solved import solved
+
+flash_attention = solved("14").flash_attention  # (q, k, v, causal, scale, dropout_p, seed) -> o
+document_mask = solved("13").document_mask  # doc_ids (n,) -> a Mask: same document, causal within
+block_mask = solved("13").block_mask  # (mask, n_q, n_k, block_q, block_k) -> the tiles to visit
+block_sparse_attention = solved("13").block_sparse_attention  # (q, k, v, block_mask, mask) -> o
+IGNORE = gpt.IGNORE  # the target the loss skips: a document's last token has none
+BLOCK = 32 if interpreted() else 128  # the block mask's blocks: the interpreter's tiles are 16, a GPU's up to 128
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.n_embd % config.n_head:
+            raise ValueError(f"n_embd = {config.n_embd} must be a multiple of n_head = {config.n_head}")
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k and v of every head in one product
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). doc_ids None: causal over each row, dropout in training (14's
+        kernel, mask dropout_mask(seed, ...)). doc_ids (T,): one packed row (B = 1), each token
+        attending the earlier tokens of its own document (13's kernel, document_mask(doc_ids))."""
+        # TODO: q, k, v from self.qkv, each (B, n_head, T, D); 14's flash_attention (causal, dropout_p
+        #       the config's while self.training, else 0) or, with doc_ids, 13's block_sparse_attention
+        #       under document_mask(doc_ids) with blocks of BLOCK (ValueError for B > 1, or for dropout
+        #       in training); the heads joined back to (B, T, C), then self.proj.
+        raise NotImplementedError("forward: replace this line with your code")
+
+
+def pack(documents: list[torch.Tensor]) -> Batch:
+    """Documents (1-D int64 tensors of tokens, each at least 1 long) end to end in one row: a Batch of
+    tokens, targets and positions (1, N) and doc_ids (N,), N the documents' total length."""
+    # TODO: concatenate the tokens; each document's targets are its tokens shifted by one, IGNORE
+    #       last; positions count 0, 1, ... within each document; doc_ids[t] the document of token t.
+    raise NotImplementedError("pack: replace this line with your code")

@@ -1,0 +1,59 @@
+"""The data of exercise 15, made by code (nothing to download): documents that hide a needle.
+
+A document of n tokens is a walk of filler words with one needle somewhere in it, and at its end a
+question and its answer, the needle again:
+
+    3 0 2 11 7 19 4 5 10 ... 9 ? 19          (19 = NEEDLES + 3, ? = QUESTION)
+
+Filler follows a fixed rule with a coin flip (after w comes (5w + 1) mod 16 or (5w + 2) mod 16), so a
+model can learn to predict it; the needle, one of 8 tokens, stands at a uniform place among the first
+n − 2. Predicting the answer is the long-range task: a model that attends only the last w tokens
+sees the needle with probability about w/n and is at chance (1/8) otherwise; one that attends the
+whole context finds it (the paper's Path-X argument, section 4.2: chance until the context holds the
+whole problem). Every document comes from a seed: the same seed, the same documents.
+"""
+import numpy as np
+import torch
+
+from kata.given.gpt import IGNORE, Batch
+
+FILLER = 16  # tokens 0 .. 15
+NEEDLES = FILLER  # tokens 16 .. 23: the needle's 8 values
+VALUES = 8
+QUESTION = NEEDLES + VALUES  # 24
+VOCAB = QUESTION + 1
+CHANCE = 1 / VALUES
+
+
+def document(rng: np.random.Generator, n: int) -> torch.Tensor:
+    """One document of n >= 4 tokens (int64): filler, a needle among the first n − 2, QUESTION, the needle."""
+    if n < 4:
+        raise ValueError(f"a document needs at least 4 tokens (filler, needle, question, answer), got {n}")
+    walk = np.empty(n - 3, dtype=np.int64)
+    walk[0] = rng.integers(FILLER)
+    for t, flip in enumerate(rng.integers(1, 3, size=n - 4), start=1):
+        walk[t] = (5 * walk[t - 1] + flip) % FILLER
+    needle = NEEDLES + rng.integers(VALUES)
+    tokens = np.insert(walk, rng.integers(n - 2), needle)
+    return torch.from_numpy(np.concatenate([tokens, [QUESTION, needle]]))
+
+
+def documents(rng: np.random.Generator, count: int, lo: int, hi: int) -> list[torch.Tensor]:
+    """count documents of lengths drawn uniformly from [lo, hi]: a packed row's contents."""
+    return [document(rng, int(n)) for n in rng.integers(lo, hi + 1, size=count)]
+
+
+def rows(rng: np.random.Generator, batch: int, n: int) -> torch.Tensor:
+    """batch documents of n tokens each, one a row: (batch, n) int64."""
+    return torch.stack([document(rng, n) for _ in range(batch)])
+
+
+def as_batch(rows: torch.Tensor) -> Batch:
+    """Rows of whole documents (B, n) as a training batch: each token's target is the next, the last none."""
+    return Batch(rows, torch.cat([rows[:, 1:], torch.full_like(rows[:, :1], IGNORE)], dim=1))
+
+
+def answers(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per row of whole documents (B, n): 1.0 where the prediction at QUESTION (the row's
+    second-to-last position) is the needle, else 0.0; its mean is the long-range task's accuracy."""
+    return (logits[:, -2].argmax(-1) == tokens[:, -1]).float()

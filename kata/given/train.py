@@ -1,0 +1,67 @@
+"""How exercise 15's GPT trains: AdamW, one batch a step, progress every few steps.
+
+    train(model, batch, steps, lr, every, report, evaluate=None) -> the last Progress
+
+batch(step) gives the step's Batch (kata/given/gpt.py); the model takes the step as its dropout
+seed, so that every step, and every layer, draws a mask of its own. The optimiser is nanoGPT's
+choice: AdamW with betas (0.9, 0.95), weight decay 0.1 on the matrices only, gradients clipped to
+norm 1, the learning rate warmed up linearly over the first tenth of the steps. Ctrl-C stops the
+loop between steps: train returns the Progress it had reached, marked stopped.
+"""
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    loss: float  # the step's training loss
+    tokens_per_s: float  # tokens trained on per second, since the first step (evaluation not counted)
+    accuracy: float | None = None  # the long-range task's, when an evaluation ran at this step
+    stopped: bool = False  # Ctrl-C ended the run here
+
+
+def optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([dict(params=matrices, weight_decay=0.1), dict(params=rest, weight_decay=0.0)],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+def train(model, batch, steps: int, lr: float, every: int, report, evaluate=None) -> Progress:
+    """Train for `steps` steps; every `every` steps (and at the last) call report(Progress), with the
+    accuracy of evaluate(model) (run in evaluation mode, without gradients) when given."""
+    opt = optimizer(model, lr)
+    warmup = max(1, steps // 10)
+    last, tokens, busy = Progress(0, float("nan"), 0.0), 0, 0.0
+    try:
+        for step in range(1, steps + 1):
+            start = time.perf_counter()
+            for group in opt.param_groups:
+                group["lr"] = lr * min(1.0, step / warmup)
+            b = batch(step)
+            model.train()
+            _, loss = model(b.tokens, b.targets, b.positions, b.doc_ids, seed=step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            busy += time.perf_counter() - start
+            tokens += b.tokens.numel()
+            last = Progress(step, loss.item(), tokens / busy)
+            if step % every == 0 or step == steps:
+                last = replace(last, accuracy=_evaluate(model, evaluate))
+                report(last)
+    except KeyboardInterrupt:
+        return replace(last, stopped=True)
+    return last
+
+
+def _evaluate(model, evaluate) -> float | None:
+    if evaluate is None:
+        return None
+    model.eval()
+    with torch.no_grad():
+        return evaluate(model)
