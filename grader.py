@@ -6,6 +6,7 @@
     python grader.py reset 03        put the stub back, keeping your file as a backup (--all, --yes)
     python grader.py solution 03     the solution, once 03 passes (--force: before)
     python grader.py doctor          check Python, NumPy, torch and Triton
+    python grader.py train           train 15's GPT with your layer (train --help: its flags)
     python grader.py --watch         re-run the current exercise whenever you save
     python grader.py --show 04 [n_q n_k block_q block_k] [--no-causal]   draw your tile schedule
     python grader.py --bench         time your Triton kernels (06 forward, 09 forward + backward)
@@ -23,7 +24,7 @@ import sys
 from kata.exercises import format_numbers, numbers_where
 from kata.grader.runner import DEFAULT_TIMEOUT, GPU_FACTOR, default_workers
 
-COMMANDS = ("hint", "reset", "solution", "doctor")
+COMMANDS = ("hint", "reset", "solution", "doctor", "train")
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,10 +62,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _split_bench(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The grader's arguments and the benchmark's: everything after --bench but the target flags."""
-    if "--bench" not in argv:
+    """The grader's arguments and the benchmark's (or train's): everything after --bench (or the word train)
+    but the target flags."""
+    at = next((i for i, arg in enumerate(argv) if arg == "--bench" or (arg == "train" and argv[i - 1:i] != ["--target"])),
+              None)
+    if at is None:
         return argv, []
-    at = argv.index("--bench")
     mine, rest, after = argv[:at + 1], [], iter(argv[at + 1:])
     for arg in after:
         if arg == "--solutions" or arg.startswith("--target="):
@@ -100,6 +103,8 @@ def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
     from kata.exercises import EXERCISES, find, resolve_target
 
     words = args.words
+    if words[:1] == ["train"]:
+        return commands.run_train(resolve_target(args.solutions, args.target), rest)
     if words[:1] == ["doctor"]:
         from kata.grader.doctor import main
         return main()

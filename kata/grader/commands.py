@@ -84,6 +84,11 @@ def run_bench(target: Path, argv: list[str]) -> int:
     return main(target, argv)
 
 
+def run_train(target: Path, argv: list[str]) -> int:
+    from kata.tools.train import main  # torch and the model, loaded only when asked for
+    return main(target, argv)
+
+
 def _io_table(results: list[ExerciseResult], target: Path) -> None:
     """After 05 passes: how much the fused forward saves; after 08, forward + backward; after 12,
     what block sparsity saves at 64k. From the learner's own code."""
