@@ -44,16 +44,16 @@ Conventions
     - pack(documents): one row of N = Σ len tokens, nothing added, in the documents' order.
 
 Given (kata/given/)
-    gpt.py     GPTConfig, GPT, Block, MLP, Batch (tokens, targets, positions, doc_ids), IGNORE
+    gpt.py     GPTConfig, GPT, Block, MLP, AttentionParameters (your layer's qkv, proj, n_head,
+               dropout), Batch (tokens, targets, positions, doc_ids), IGNORE
     needle.py  the documents (filler, a needle, the question) and the task's accuracy
     train.py   the training loop: python grader.py train runs it on your layer
     solved.py  solved("14").flash_attention, solved("13")'s document_mask, block_mask, block_sparse_attention
 """
 import torch
-from torch import nn
 
 from kata.given import gpt
-from kata.given.gpt import Batch, GPTConfig
+from kata.given.gpt import AttentionParameters, Batch
 from kata.given.launch import interpreted
 from kata.given.solved import solved
 
@@ -65,17 +65,9 @@ IGNORE = gpt.IGNORE  # the target the loss skips: a document's last token has no
 BLOCK = 32 if interpreted() else 128  # the block mask's blocks: the interpreter's tiles are 16, a GPU's up to 128
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row."""
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        if config.n_embd % config.n_head:
-            raise ValueError(f"n_embd = {config.n_embd} must be a multiple of n_head = {config.n_head}")
-        self.n_head = config.n_head
-        self.dropout = config.dropout
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k and v of every head in one product
-        self.proj = nn.Linear(config.n_embd, config.n_embd)
+class CausalSelfAttention(AttentionParameters):
+    """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row; its parameters
+    (self.qkv, self.proj), self.n_head and self.dropout are given (kata/given/gpt.py)."""
 
     def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). doc_ids None: causal over each row, dropout in training (14's

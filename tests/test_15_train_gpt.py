@@ -22,7 +22,7 @@ from triton_helpers import DEVICE, as_numpy, call  # noqa: E402
 pytest.importorskip("triton", reason="skipped: Triton needs Linux")
 
 from kata.given import needle  # noqa: E402
-from kata.given.gpt import GPT, IGNORE, GPTConfig  # noqa: E402
+from kata.given.gpt import GPT, IGNORE, AttentionParameters, GPTConfig  # noqa: E402
 from kata.given.solved import solved  # noqa: E402
 from kata.given.train import train  # noqa: E402
 
@@ -61,14 +61,8 @@ def reference(layer, x, n_head: int, dropout_p: float, seed: int):
     return out, x, params
 
 
-class TorchAttention(torch.nn.Module):
+class TorchAttention(AttentionParameters):
     """The reference layer for the training check: the exercise's parameters, torch's attention."""
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head, self.dropout = config.n_head, config.dropout
-        self.qkv = torch.nn.Linear(config.n_embd, 3 * config.n_embd)
-        self.proj = torch.nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x, doc_ids=None, seed=0):
         return torch_layer(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, self.n_head,

@@ -4,21 +4,9 @@ checks before any product."""
 import math
 
 import torch
-from torch import nn
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row."""
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        if config.n_embd % config.n_head:
-            raise ValueError(f"n_embd = {config.n_embd} must be a multiple of n_head = {config.n_head}")
-        self.n_head = config.n_head
-        self.dropout = config.dropout
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k and v of every head in one product
-        self.proj = nn.Linear(config.n_embd, config.n_embd)
-
+class CausalSelfAttention(AttentionParameters):
     def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         D = C // self.n_head

@@ -3,6 +3,7 @@
     GPT(config, attention)   token and position embeddings, config.n_layer blocks, a final LayerNorm
                              and a head that reuses the token embedding's matrix (GPT-2's tied head)
     Block                    pre-LN: x + attention(LN(x)), then x + MLP(LN(x))
+    AttentionParameters      an attention layer's parameters (qkv, proj), its heads and dropout
     Batch                    what a training step takes: tokens, targets, and for a packed row
                              positions and doc_ids
 
@@ -40,6 +41,20 @@ class Batch:
     targets: torch.Tensor
     positions: torch.Tensor | None = None
     doc_ids: torch.Tensor | None = None
+
+
+class AttentionParameters(nn.Module):
+    """What an attention layer of the model holds: qkv (C -> 3C: q, k and v of every head in one
+    product), proj (C -> C), n_head and the dropout probability. Exercise 15's layer adds forward."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.n_embd % config.n_head:
+            raise ValueError(f"n_embd = {config.n_embd} must be a multiple of n_head = {config.n_head}")
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
 
 
 class MLP(nn.Module):
