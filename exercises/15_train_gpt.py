@@ -65,6 +65,14 @@ IGNORE = gpt.IGNORE  # the target the loss skips: a document's last token has no
 BLOCK = 32 if interpreted() else 128  # the block mask's blocks: the interpreter's tiles are 16, a GPU's up to 128
 
 
+def pack(documents: list[torch.Tensor]) -> Batch:
+    """Documents (1-D int64 tensors of tokens, each at least 1 long) end to end in one row: a Batch of
+    tokens, targets and positions (1, N) and doc_ids (N,), N the documents' total length."""
+    # TODO: concatenate the tokens; each document's targets are its tokens shifted by one, IGNORE
+    #       last; positions count 0, 1, ... within each document; doc_ids[t] the document of token t.
+    raise NotImplementedError("pack: replace this line with your code")
+
+
 class CausalSelfAttention(AttentionParameters):
     """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row; its parameters
     (self.qkv, self.proj), self.n_head and self.dropout are given (kata/given/gpt.py)."""
@@ -78,11 +86,3 @@ class CausalSelfAttention(AttentionParameters):
         #       under document_mask(doc_ids) with blocks of BLOCK (ValueError for B > 1, or for dropout
         #       in training); the heads joined back to (B, T, C), then self.proj.
         raise NotImplementedError("forward: replace this line with your code")
-
-
-def pack(documents: list[torch.Tensor]) -> Batch:
-    """Documents (1-D int64 tensors of tokens, each at least 1 long) end to end in one row: a Batch of
-    tokens, targets and positions (1, N) and doc_ids (N,), N the documents' total length."""
-    # TODO: concatenate the tokens; each document's targets are its tokens shifted by one, IGNORE
-    #       last; positions count 0, 1, ... within each document; doc_ids[t] the document of token t.
-    raise NotImplementedError("pack: replace this line with your code")

@@ -65,6 +65,20 @@ IGNORE = gpt.IGNORE  # the target the loss skips: a document's last token has no
 BLOCK = 32 if interpreted() else 128  # the block mask's blocks: the interpreter's tiles are 16, a GPU's up to 128
 
 
+def pack(documents: list[torch.Tensor]) -> Batch:
+    """Documents (1-D int64 tensors of tokens, each at least 1 long) end to end in one row: a Batch of
+    tokens, targets and positions (1, N) and doc_ids (N,), N the documents' total length."""
+    # TODO: concatenate the tokens; each document's targets are its tokens shifted by one, IGNORE
+    #       last; positions count 0, 1, ... within each document; doc_ids[t] the document of token t.
+    # BEGIN SOLUTION
+    tokens = torch.cat(documents)
+    targets = torch.cat([torch.cat([d[1:], d.new_full((1,), IGNORE)]) for d in documents])
+    positions = torch.cat([torch.arange(len(d), device=d.device) for d in documents])
+    doc_ids = torch.cat([torch.full((len(d),), i, device=d.device) for i, d in enumerate(documents)])
+    return Batch(tokens[None], targets[None], positions[None], doc_ids)
+    # END SOLUTION
+
+
 class CausalSelfAttention(AttentionParameters):
     """Multi-head causal self-attention on 14's kernel, or on 13's for a packed row; its parameters
     (self.qkv, self.proj), self.n_head and self.dropout are given (kata/given/gpt.py)."""
@@ -93,17 +107,3 @@ class CausalSelfAttention(AttentionParameters):
             y = block_sparse_attention(q, k, v, block_mask(mask, T, T, BLOCK, BLOCK), mask)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
         # END SOLUTION
-
-
-def pack(documents: list[torch.Tensor]) -> Batch:
-    """Documents (1-D int64 tensors of tokens, each at least 1 long) end to end in one row: a Batch of
-    tokens, targets and positions (1, N) and doc_ids (N,), N the documents' total length."""
-    # TODO: concatenate the tokens; each document's targets are its tokens shifted by one, IGNORE
-    #       last; positions count 0, 1, ... within each document; doc_ids[t] the document of token t.
-    # BEGIN SOLUTION
-    tokens = torch.cat(documents)
-    targets = torch.cat([torch.cat([d[1:], d.new_full((1,), IGNORE)]) for d in documents])
-    positions = torch.cat([torch.arange(len(d), device=d.device) for d in documents])
-    doc_ids = torch.cat([torch.full((len(d),), i, device=d.device) for i, d in enumerate(documents)])
-    return Batch(tokens[None], targets[None], positions[None], doc_ids)
-    # END SOLUTION

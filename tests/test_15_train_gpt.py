@@ -17,9 +17,7 @@ from checks import assert_close
 torch = pytest.importorskip("torch", reason="skipped: exercise 15 needs PyTorch")
 import torch.nn.functional as F  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import DEVICE, as_numpy, call  # noqa: E402
-
-pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+from triton_helpers import DEVICE, as_numpy, call  # noqa: E402  (where Triton is missing, it skips this file)
 
 from kata.given import needle  # noqa: E402
 from kata.given.gpt import GPT, IGNORE, AttentionParameters, GPTConfig  # noqa: E402

@@ -1,7 +1,7 @@
 """`python grader.py train [flags]`: train exercise 15's GPT with your attention layer and packing.
 
-On the CPU (Triton's interpreter) a small model at a short context, a few minutes; on a GPU a larger
-one at a long context. Progress every --every steps: the step, the training loss, tokens per second
+On the CPU (Triton's interpreter) a small model at a short context, about ten minutes on two cores;
+on a GPU a larger one at a long context. Progress every --every steps: the step, the training loss, tokens per second
 and the long-range task's accuracy (kata/given/needle.py: the needle, anywhere in the row, recalled
 at its end; chance 1/8). Ctrl-C stops between steps and says where.
 """
@@ -17,7 +17,9 @@ from kata.exercises import find, load
 from kata.given import needle
 
 EXERCISE = "15"
-CPU = dict(context=32, batch=16, layers=1, heads=2, embd=64, steps=500, lr=1e-2, every=25)
+# On the CPU this model, schedule and data, trained with torch's attention in place of the kernels, find the
+# needle near step 300 (93% at 300, 100% at 400; at 8 rows a step, not by 500); the interpreter takes 1-2 s a step.
+CPU = dict(context=32, batch=16, layers=1, heads=2, embd=64, steps=400, lr=1e-2, every=20)
 GPU = dict(context=4096, batch=8, layers=4, heads=4, embd=128, steps=2000, lr=3e-3, every=100)
 EVAL_ROWS = 64  # rows of the held-out set the accuracy is measured on
 
