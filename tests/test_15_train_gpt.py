@@ -168,8 +168,8 @@ def test_packed_row_equals_documents_one_at_a_time(ex, rng):
 # ---------------------------------------------------------------- training -------------------------
 
 TRAIN = dict(n=32, batch=8, steps=15, lr=1e-2)
-LOSS_TOL = 1e-4  # float32 kernels against float32 torch: the reference solution's largest gap is ~3e-7
-LOSS_BELOW = 2.2  # from ln(25) = 3.2: the reference solution's last 5 average ~1.7 (the filler's floor is ln 2)
+LOSS_TOL = 1e-4  # float32 kernels against float32 torch: the reference solution's largest gap is 2e-7 to 1.2e-6
+LOSS_BELOW = 2.2  # from ln(25) = 3.2: the reference solution's last 5 average 1.76 to 1.82 (the filler's floor is ln 2)
 
 
 def losses_of(model, seed: int) -> list[float]:
@@ -200,12 +200,13 @@ def test_training_follows_torch_and_lowers_the_loss(ex, rng):
     theirs = losses_of(torch_model, data_seed)
     gaps = [abs(a - b) for a, b in zip(ours, theirs)]
     worst = max(range(len(gaps)), key=gaps.__getitem__)
-    print(f"\n{TRAIN['steps']} steps in {seconds:.1f} s; largest loss gap {gaps[worst]:.1e} at step {worst + 1}")
+    last = sum(ours[-5:]) / 5
+    print(f"\n{TRAIN['steps']} steps in {seconds:.1f} s; largest loss gap {gaps[worst]:.1e} at step {worst + 1}; "
+          f"the last 5 losses average {last:.3f}")
     shown = f"losses {[round(x, 3) for x in ours]}, torch's {[round(x, 3) for x in theirs]}"
     if gaps[worst] > LOSS_TOL:
         raise AssertionError(f"training a 1-layer GPT: step {worst + 1}'s loss is {ours[worst]:.5f}, torch's layer "
                              f"gives {theirs[worst]:.5f} (tolerance {LOSS_TOL})\n  {shown}\n  convention: {LAYER}")
-    last = sum(ours[-5:]) / 5
     if not last < LOSS_BELOW:
         raise AssertionError(f"training a 1-layer GPT for {TRAIN['steps']} steps: the last 5 losses average {last:.3f}, "
                              f"expected under {LOSS_BELOW}\n  {shown}\n  convention: {LAYER}")
