@@ -3,7 +3,7 @@
 A document of n tokens is a walk of filler words with one needle somewhere in it, and at its end a
 question and its answer, the needle again:
 
-    3 0 2 11 7 19 4 5 10 ... 9 ? 19          (19 = NEEDLES + 3, ? = QUESTION)
+    12 13 2 11 8 10 4 19 6 15 12 13 ? 19     (19 = NEEDLES + 3, ? = QUESTION: document(default_rng(3), 14))
 
 Filler follows a fixed rule with a coin flip (after w comes (5w + 1) mod 16 or (5w + 2) mod 16), so a
 model can learn to predict it; the needle, one of 8 tokens, stands at a uniform place among the first
