@@ -36,7 +36,8 @@ class GPTConfig:
 @dataclass
 class Batch:
     """tokens and targets (B, T) int64; positions (B, T) or None for 0 .. T - 1 in every row;
-    doc_ids (T,) or None: a packed row (B = 1) of several documents, doc_ids[t] the document of token t."""
+    doc_ids (T,) or None: a packed row of several documents (pack makes one row), doc_ids[t] the
+    document of token t."""
     tokens: torch.Tensor
     targets: torch.Tensor
     positions: torch.Tensor | None = None
