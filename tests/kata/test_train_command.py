@@ -7,9 +7,11 @@ import sys
 import pytest
 
 from kata.exercises import ROOT
+from kata.gpu import triton_missing
 
 pytest.importorskip("torch", reason="skipped: training needs PyTorch")
-pytest.importorskip("triton", reason="skipped: Triton needs Linux")
+if missing := triton_missing():
+    pytest.skip(f"skipped: {missing}", allow_module_level=True)
 TINY = ["--context", "16", "--batch", "2", "--embd", "16", "--steps", "2", "--every", "1"]
 
 
