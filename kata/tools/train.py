@@ -50,9 +50,12 @@ def parse(argv: list[str], defaults: dict, where: str) -> argparse.Namespace:
 
 
 def main(target: Path, argv: list[str]) -> int:
+    from kata.gpu import triton_missing, use_triton_mode
+    if missing := triton_missing():
+        print(f"Training runs exercise {EXERCISE}'s layer on Triton kernels: {missing}.", file=sys.stderr)
+        return 2
     import torch
 
-    from kata.gpu import use_triton_mode
     interpreted = use_triton_mode(torch).interpreted  # before Triton loads
     where = "the CPU" if interpreted else "a GPU"
     args = parse(argv, CPU if interpreted else GPU, where)

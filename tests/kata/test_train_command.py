@@ -53,3 +53,13 @@ def test_ctrl_c_stops_cleanly_and_says_where():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, "".join(seen) + out + err
     assert "Stopped at step " in out and " of 1000" in out, out
+
+
+def test_without_triton_one_line(monkeypatch, capsys):
+    """Where Triton cannot run, train says so in one line and exits 2, before loading anything."""
+    import kata.gpu
+    from kata.tools import train as command
+    monkeypatch.setattr(kata.gpu, "triton_missing", lambda: "Triton is not installed")
+    assert command.main(ROOT / "solutions", []) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "Training runs exercise 15's layer on Triton kernels: Triton is not installed.\n"
