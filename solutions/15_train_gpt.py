@@ -33,12 +33,12 @@ Packing
 In the paper
     FlashAttention (Dao et al., 2022), section 4: GPT-2 trained with its kernels, dropout inside
     (Algorithm 2), up to 3.5x faster than HuggingFace's implementation and 1.7x Megatron-LM's
-    (Table 2), and Path-X (16k tokens a problem) solved above chance for the first time, once the
-    context holds the whole problem (section 4.2). The long-range task
-    here (kata/given/needle.py) is of that kind: a needle anywhere in the row.
+    (Table 2); and on Path-X (16k tokens a problem) the first Transformer above chance, once the
+    context holds the whole problem (section 4.2). The long-range task here (kata/given/needle.py)
+    is of that kind: a needle anywhere in the row.
 
 Conventions
-    - x (B, T, C) float32 (float16 or bfloat16 too on a GPU), any T >= 1 up to the config's block_size.
+    - x (B, T, C) float32 (14's and 13's kernels take float16 and bfloat16 too), any T >= 1.
     - The layer's parameters are the given ones (qkv, proj), so that the tests can build torch's
       reference from them: scaled_dot_product_attention with 14's dropout_mask(seed, ...).
     - doc_ids (T,) int: the documents of a packed row (of every row of x, if several: 13's block
