@@ -17,14 +17,14 @@ from checks import assert_close
 torch = pytest.importorskip("torch", reason="skipped: exercise 15 needs PyTorch")
 import torch.nn.functional as F  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
-from triton_helpers import DEVICE, as_numpy, call  # noqa: E402  (where Triton is missing, it skips this file)
+from triton_helpers import DEVICE, LOG_OF_ZERO_WANTED, as_numpy, call  # noqa: E402  (where Triton is missing, it skips this file)
 
 from kata.given import needle  # noqa: E402
 from kata.given.gpt import GPT, IGNORE, AttentionParameters, GPTConfig  # noqa: E402
 from kata.given.solved import solved  # noqa: E402
 from kata.given.train import train  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"), LOG_OF_ZERO_WANTED]
 LAYER = ("q, k, v = split(x W_qkv + b_qkv), heads (B, n_head, T, D); causal attention with dropout "
          "(dropout_mask(seed, p, ...), p the config's in training, 0 in evaluation); heads joined, then proj")
 PACKED = ("a packed row gives each document what it gets alone: attention within the document (doc_ids), "
