@@ -218,9 +218,10 @@ def poison_unattended_keys(n_q, k, v):
 
 
 def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, convention="", lse_convention=LSE,
-                  nan_convention=""):
+                  nan_convention="", tol=None):
     """o, lse = kernel(q, k, v); the inputs must come back unmodified, o with q's dtype and shape, lse
-    float32 (B, H, n_q), both equal to float64 attention over the pairs `keep` (and `causal`) allow."""
+    float32 (B, H, n_q), both equal to float64 attention over the pairs `keep` (and `causal`) allow,
+    within `tol` (the dtype's tolerance when None)."""
     __tracebackhide__ = True
     before = [t.clone() for t in (q, k, v)]
     o, lse = call(kernel, q, k, v)
@@ -231,7 +232,7 @@ def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, co
     assert lse.dtype == torch.float32 and tuple(lse.shape) == tuple(q.shape[:3]), \
         f"{what}: lse must be float32 of shape {tuple(q.shape[:3])}, got {lse.dtype} {tuple(lse.shape)}"
     o_ref, lse_ref = attention(q, k, v, keep=keep, causal=causal, scale=scale)
-    tol = tolerance(q.dtype)
+    tol = tolerance(q.dtype) if tol is None else tol
     if low_precision(q.dtype):
         check_precision(o, o_ref, attention(q, k, v, keep=keep, causal=causal, scale=scale, dtype=q.dtype)[0],
                         f"{what}: o", convention)
