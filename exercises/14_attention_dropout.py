@@ -67,26 +67,21 @@ Conventions
       tests compile them for Ampere and Hopper in float16, bfloat16 and float32.
 
 Given (kata/given/)
-    tiles.py      row_ptrs, load_rows and the head-dim padding, as in 09
-    inputs.py     check_inputs: 09's ValueErrors
-    launch.py     the grid, fixed tiles for small problems, autotuning; the backward's tile sizes
-    precision.py  dot_precision(dtype): tl.dot's input_precision (PRECISION), as in 09
+    dropout_launch.py  the autograd wrapper: input, dropout_p and seed checks, tile sizes, grid
+    tiles.py           row_ptrs, load_rows, as in 09 (the wrapper pads the head dim)
+    launch.py          autotuned: the kernels tuned beside the fixed tiles of small problems
+    precision.py       dot_precision(dtype): tl.dot's input_precision (PRECISION), as in 09
 """
-import math
-import numbers
-import operator
-
 import torch
 import triton
 import triton.language as tl
 
-from kata.given import tiles
-from kata.given.inputs import check_inputs
-from kata.given.launch import LOG2E, TUNING_DKDV, TUNING_DQ, autotuned, backward_tiles, interpreted, launch
-from kata.given.precision import dot_precision
+from kata.given import dropout_launch, tiles
+from kata.given.dropout_launch import Kernels
+from kata.given.launch import TUNING_DKDV, TUNING_DQ, autotuned
 from kata.given.solved import solved
 
-MAX_SEED = 2**63  # Triton passes a seed as a 64-bit integer
+load_rows, row_ptrs = tiles.load_rows, tiles.row_ptrs  # for your kernels
 
 
 # ---------------------------------------------------------------- the mask (yours) ------------------
@@ -186,7 +181,7 @@ _bwd_dkdv_tuned = autotuned(_bwd_dkdv, TUNING_DKDV)
 _bwd_dq_tuned = autotuned(_bwd_dq, TUNING_DQ)
 
 
-# ---------------------------------------------------------------- the plumbing (given) -------------
+# ---------------------------------------------------------------- the glue (given) -----------------
 
 @triton.jit(do_not_specialize=["seed"])
 def _mask_kernel(MASK, seed, dropout_p, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -203,88 +198,12 @@ def _mask_kernel(MASK, seed, dropout_p, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N
     tl.store(MASK + where, keep.to(tl.int8), mask=(rows < n_q)[:, None] & (keys < n_k)[None, :])
 
 
-def kernel_tiles(width: int) -> dict:
-    """The fixed tiles of each kernel ("fwd", "dkdv", "dq", "mask") for small problems and the interpreter,
-    06's and 09's: the mask depends on none of them."""
-    forward = dict(BLOCK_M=32, BLOCK_N=16) if interpreted() else dict(BLOCK_M=64, BLOCK_N=64 if width <= 128 else 32)
-    return dict(fwd=forward, **backward_tiles(width), mask=dict(BLOCK_M=64, BLOCK_N=64))
-
-
-def check_dropout(dropout_p, seed) -> tuple[float, int]:
-    """(dropout_p, seed) as a float and an int, or ValueError: p in [0, 1), seed an integer in [0, MAX_SEED)."""
-    try:
-        seed = operator.index(seed)
-    except TypeError:
-        raise ValueError(f"seed must be an integer, got {type(seed).__name__} {seed!r}") from None
-    if not 0 <= seed < MAX_SEED:
-        raise ValueError(f"seed must lie in [0, 2**63), got {seed}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}: the probability that an "
-                         f"attention weight is dropped (kept ones weigh 1/(1 - dropout_p))")
-    return float(dropout_p), seed
-
-
 def dropout_mask(seed: int, dropout_p: float, B: int, H: int, n_q: int, n_k: int, device=None) -> torch.Tensor:
     """The keep mask flash_attention(..., dropout_p, seed) draws, (B, H, n_q, n_k) bool, True where kept.
 
     device: the kernels' device when None (CUDA, or the CPU where the kernels run interpreted).
     """
-    dropout_p, seed = check_dropout(dropout_p, seed)
-    if min(B, H, n_q, n_k) < 1:
-        raise ValueError(f"B, H, n_q and n_k must be >= 1, got {(B, H, n_q, n_k)}")
-    device = torch.device(device if device is not None else "cpu" if interpreted() else "cuda")
-    mask = torch.empty((B, H, n_q, n_k), dtype=torch.int8, device=device)
-    block = kernel_tiles(16)["mask"]
-    grid = (triton.cdiv(n_q, block["BLOCK_M"]) * triton.cdiv(n_k, block["BLOCK_N"]) * B * H,)
-    _mask_kernel[grid](mask, seed, dropout_p, n_q, n_k, **block)
-    return mask.view(torch.bool)
-
-
-class AttentionDropout(torch.autograd.Function):
-    """o = dropout(softmax(scale · q kᵀ)) v; the forward saves q, k, v, o, lse and the seed, the backward
-    rebuilds P and the mask."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, dropout_p: float, seed: int):
-        head_dim = q.shape[-1]
-        width = tiles.padded_width(head_dim)
-        q, k, v = (tiles.pad_head_dim(t, width) for t in (q, k, v))
-        (B, H, n_q, _), n_k = q.shape, k.shape[2]
-        o = torch.empty_like(q)
-        lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-        args = (q, k, v, o, lse, seed, dropout_p, scale * LOG2E,
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, n_q, n_k)
-        launch(_attn_fwd, _attn_fwd_tuned, args, rows=n_q, block="BLOCK_M", fixed=kernel_tiles(width)["fwd"],
-               **_sizes(q, k, causal, dropout_p))
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.dropout_p, ctx.seed, ctx.head_dim = causal, scale, dropout_p, seed, head_dim
-        return o[..., :head_dim]
-
-    @staticmethod
-    def backward(ctx, do):
-        """dq, dk, dv in the dtypes of q, k, v: D, then the dK, dV and dQ kernels."""
-        q, k, v, o, lse = ctx.saved_tensors
-        do = tiles.pad_head_dim(do, q.shape[-1])
-        (_, H, n_q, width), n_k = q.shape, k.shape[2]
-        delta = (o.float() * do.float()).sum(-1).contiguous()  # D = rowsum(dO ∘ O), as in 09
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        fixed, sizes = kernel_tiles(width), _sizes(q, k, ctx.causal, ctx.dropout_p)
-        shared = (ctx.seed, ctx.dropout_p, ctx.scale * LOG2E, ctx.scale,
-                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-        launch(_bwd_dkdv, _bwd_dkdv_tuned, (q, k, v, do, dk, dv, lse, delta, *shared,
-                                            *dk.stride()[:3], *dv.stride()[:3], H, n_q, n_k),
-               rows=n_k, block="BLOCK_N", fixed=fixed["dkdv"], **sizes)
-        launch(_bwd_dq, _bwd_dq_tuned, (q, k, v, do, dq, lse, delta, *shared, *dq.stride()[:3], H, n_q, n_k),
-               rows=n_q, block="BLOCK_M", fixed=fixed["dq"], **sizes)
-        d = ctx.head_dim
-        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None
-
-
-def _sizes(q, k, causal: bool, dropout_p: float) -> dict:
-    """What every launch of the three kernels shares: the problem's size and the constexprs."""
-    (B, H, n_q, width), n_k = q.shape, k.shape[2]
-    return dict(batch_heads=B * H, scores=B * H * n_q * n_k, HEAD_DIM=width, CAUSAL=causal,
-                DROPOUT=dropout_p > 0, PRECISION=dot_precision(q.dtype))
+    return dropout_launch.dropout_mask(_mask_kernel, seed, dropout_p, B, H, n_q, n_k, device)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -293,8 +212,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     Each weight is dropped with probability dropout_p, by the mask dropout_mask(seed, dropout_p, B, H,
     n_q, n_k); kept weights are multiplied by 1/(1 − dropout_p). Returns o (B, H, n_q, D) in q's dtype.
+    Checks, pads and launches your kernels in kata/given/dropout_launch.py.
     """
-    check_inputs(q, k, v, scale)
-    dropout_p, seed = check_dropout(dropout_p, seed)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return AttentionDropout.apply(q, k, v, bool(causal), scale, dropout_p, seed)
+    kernels = Kernels(_attn_fwd, _attn_fwd_tuned, _bwd_dkdv, _bwd_dkdv_tuned, _bwd_dq, _bwd_dq_tuned)
+    return dropout_launch.flash_attention(kernels, q, k, v, causal, scale, dropout_p, seed)

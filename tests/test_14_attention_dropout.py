@@ -29,6 +29,7 @@ from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, FLOAT32, GYM_SHAPE, WR
 import triton  # noqa: E402  (where Triton is missing, triton_helpers has skipped this file)
 import triton.language as tl  # noqa: E402
 
+from kata.given import dropout_launch  # noqa: E402
 from kata.given.solved import solved  # noqa: E402
 from requires_grad import FROZEN, check_frozen  # noqa: E402
 from rounding_inputs import cancelling_dv_inputs, dv_summed  # noqa: E402
@@ -265,7 +266,7 @@ def test_mask_independent_of_tiles_and_grid(ex, rng, monkeypatch):
     # One query block of 64 rows walks three key tiles of 16 in one stage, and a key block of 64 three query tiles.
     others = dict(fwd=dict(BLOCK_M=64, BLOCK_N=16), dkdv=dict(BLOCK_M=16, BLOCK_N=64), dq=dict(BLOCK_M=64, BLOCK_N=16),
                   mask=dict(BLOCK_M=16, BLOCK_N=32))
-    monkeypatch.setattr(ex, "kernel_tiles", lambda width: others)
+    monkeypatch.setattr(dropout_launch, "kernel_tiles", lambda width: others)
     after = as_numpy(mask_of(ex, seed, 0.3, 2, 1, 45, 37))
     if not np.array_equal(after, before):
         raise AssertionError(f"dropout_mask({seed}, 0.3, 2, 1, 45, 37) with tiles of 16 x 32, not 64 x 64: "

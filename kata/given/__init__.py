@@ -9,6 +9,7 @@
     block_mask     FlexAttention's block-mask layout: which tiles are computed, and which masked (12, 13)
     masks          13's masks as @triton.jit functions, and the block mask built from one on the device
     sparse_launch  13's autograd wrapper, its kernels' tiles and grid
+    dropout_launch 14's autograd wrapper, its dropout_p and seed checks, its kernels' tiles and grid
     gpt            15's model around the learner's attention layer: GPT-2's blocks at a small size
     needle         15's data, made by code: documents that hide a needle, the long-range task
     train          15's training loop: AdamW, progress every few steps, Ctrl-C between steps
