@@ -1,18 +1,18 @@
-"""`python grader.py --bench [paper | decode | sparse] [flags]`: which benchmark runs, each its own module."""
+"""`python grader.py --bench [paper | decode | sparse | train] [flags]`: which benchmark runs, each its own module."""
 from __future__ import annotations
 
 import sys
 import traceback
 from pathlib import Path
 
-from kata.bench import decode, forward, paper, sparse
+from kata.bench import decode, forward, paper, sparse, train
 from kata.bench.common import ColumnError
 
 
 def main(target: Path, argv: list[str]) -> int:
-    """The benchmark named first in `argv` (`paper`, `decode`, `sparse`), else the forward one, given the rest;
+    """The benchmark named first in `argv` (`paper`, `decode`, `sparse`, `train`), else the forward one, given the rest;
     1 when a column has a bug, after its traceback (where to fix it) and the column's name."""
-    named = {"paper": paper, "decode": decode, "sparse": sparse}.get(argv[0] if argv else "")
+    named = {"paper": paper, "decode": decode, "sparse": sparse, "train": train}.get(argv[0] if argv else "")
     try:
         return named.main(target, argv[1:]) if named else forward.main(target, argv)
     except ColumnError as err:

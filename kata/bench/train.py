@@ -1,0 +1,222 @@
+"""`python grader.py --bench train`: exercise 15's GPT trained with three attention layers, n from 1k to 64k.
+
+    python grader.py --bench train [--n 1024 2048 ... 65536] [--tokens T] [--steps S] [--warmup W]
+                                   [--plot PATH] [--no-plot]
+
+Every cell trains the model that `python grader.py train` trains on a GPU (kata/tools/train.py's GPU
+sizes, attention dropout 0.1) on rows of the needle task, B·n = T tokens a step (B = T // n), bf16
+autocast, AdamW: W steps of warm-up (the kernels compile), then S timed steps. The attention layer
+is, in turn: standard attention written in PyTorch (the n × n scores and probabilities in HBM,
+dropout a pass of its own), SDPA (PyTorch's dispatch, which picks its fastest backend for these
+inputs) and exercise 15's layer in the target folder (on the solved 13 and 14, as `python grader.py
+train` runs it). The table gives tokens per second, the peak memory of the timed steps
+(torch.cuda.max_memory_allocated: weights, AdamW's state and the activations) and the ratios against
+standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
+benchmark goes on. The long-range task's accuracy at each n is `python grader.py train --context n`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kata.bench.common import default_backend, fmt, from_exercise, gpu_torch, guarded, pyplot, standard_attention
+from kata.exercises import SOLUTIONS_DIR
+from kata.given import needle
+from kata.tools.train import GPU
+
+TOKENS = 65536  # B·n of every cell
+SIZES = [1024 * 2**i for i in range(7)]  # 1k .. 64k
+STEPS, WARMUP = 5, 2
+DROPOUT, LR = 0.1, 3e-3
+STANDARD, SDPA, YOURS, REFERENCE = "standard", "sdpa", "yours", "reference"
+# The paper's claims, as goals for the reference: 2-4x standard attention's training speed (the lower
+# end from 4k on, where the n × n passes dominate), no slower than SDPA.
+GOAL_FROM_N, GOAL_VS_STANDARD, GOAL_VS_SDPA = 4096, 2.0, 1.0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="grader.py --bench train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, nargs="+", default=SIZES, help="context lengths")
+    p.add_argument("--tokens", type=int, default=TOKENS, help="B·n, the tokens of every step (default %(default)s)")
+    p.add_argument("--steps", type=int, default=STEPS, help="timed steps a cell (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps first (default %(default)s)")
+    p.add_argument("--plot", type=Path, default=Path("bench_train.png"), help="where the plot goes (needs matplotlib)")
+    p.add_argument("--no-plot", action="store_true", help="no plot")
+    args = p.parse_args(argv)
+    if min(*args.n, args.tokens, args.steps) < 1 or args.warmup < 0:
+        p.error("sizes and --steps must be positive, --warmup at least 0")
+    return args
+
+
+def torch_layer(attend):
+    """An attention layer of the model (kata/given/gpt.py) that runs attend(q, k, v, dropout_p) -> y on
+    q, k, v of shape (B, n_head, T, D), causal: the baselines' layers, shaped as exercise 15's."""
+    from kata.given.gpt import AttentionParameters
+
+    class Layer(AttentionParameters):
+        def forward(self, x, doc_ids=None, seed=0):
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+            y = attend(q, k, v, self.dropout if self.training else 0.0)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
+    return Layer
+
+
+def methods(torch, target: Path) -> dict:
+    """name -> attention layer class: standard, SDPA, and 15's (yours, or the reference for solutions/)."""
+    import torch.nn.functional as F
+    mine = REFERENCE if target.resolve() == SOLUTIONS_DIR.resolve() else YOURS
+    return {STANDARD: torch_layer(lambda q, k, v, p: standard_attention(torch, q, k, v, causal=True, dropout_p=p)),
+            SDPA: torch_layer(lambda q, k, v, p: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)),
+            mine: from_exercise(mine, "15", target, "CausalSelfAttention")[0]}
+
+
+def train_cell(torch, attention, n: int, B: int, size: dict, steps: int, warmup: int, device: str, dtype,
+               clock=time.perf_counter) -> dict:
+    """{'tokens_s', 'mib', 'loss'}: the model of `size` (layers, heads, embd) with this attention layer,
+    trained `warmup` steps, then `steps` steps timed by clock() (seconds) on B rows of n tokens; mib:
+    the timed steps' peak CUDA memory (None off CUDA); loss: the last step's."""
+    from kata.given.gpt import GPT, GPTConfig
+    from kata.given.train import optimizer
+    cuda = device.startswith("cuda")
+    torch.manual_seed(0)
+    config = GPTConfig(needle.VOCAB, n, size["layers"], size["heads"], size["embd"], DROPOUT)
+    model = GPT(config, attention).to(device)
+    opt = optimizer(model, LR)
+    data = needle.as_batch(needle.rows(np.random.default_rng(n), B, n).to(device))
+
+    def step(seed: int):
+        with torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
+            _, loss = model(data.tokens, data.targets, seed=seed)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for seed in range(warmup):
+        step(seed)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = clock()
+    for seed in range(warmup, warmup + steps):
+        loss = step(seed)
+    sync()
+    seconds = clock() - start
+    return {"tokens_s": B * n * steps / seconds, "loss": loss.item(),
+            "mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}
+
+
+def run_cells(torch, layers: dict, sizes: list[int], tokens: int, size: dict, steps: int, warmup: int,
+              device: str = "cuda", dtype=None, clock=time.perf_counter, say=print) -> list[dict]:
+    """One row per n: {'n', 'B', 'backend', name: train_cell's numbers or {'note'}} for each layer of
+    `layers` (name -> class); a method out of memory gets {'note': 'OOM'} and the next cell runs."""
+    dtype = dtype or torch.bfloat16
+    rows = []
+    for n in dict.fromkeys(sizes):
+        B = max(1, tokens // n)
+        backend = "-"
+        if device.startswith("cuda"):  # what SDPA's dispatch picks for one layer's q, k, v
+            probe = torch.empty(B, size["heads"], n, size["embd"] // size["heads"], device=device, dtype=dtype)
+            backend = default_backend(torch, probe, probe, probe, True)
+            del probe
+        row = {"n": n, "B": B, "backend": backend}
+        for name, layer in layers.items():
+            row[name] = guarded(torch, name, lambda layer=layer: train_cell(
+                torch, layer, n, B, size, steps, warmup, device, dtype, clock))
+        rows.append(row)
+        say(f"n={n} B={B}: " + ", ".join(f"{name} {cell(row[name], 'tokens_s', ',.0f')} tokens/s" for name in layers),
+            flush=True)
+    return rows
+
+
+def cell(result: dict, key: str, spec: str) -> str:
+    """A method's `key` in one cell, or its note (OOM, not started)."""
+    return result.get("note") or fmt(result.get(key), spec)
+
+
+def speedup(row: dict, fast: str, slow: str) -> float | None:
+    """tokens/s of `fast` over those of `slow` in one row; None where either has none."""
+    a, b = row[fast].get("tokens_s"), row[slow].get("tokens_s")
+    return a / b if a and b else None
+
+
+def report(rows: list[dict], names: list[str], mine: str) -> str:
+    """The table (tokens/s, peak MiB, the ratios of `mine` over standard and SDPA) and the goal lines."""
+    from tabulate import tabulate
+    backends = ", ".join(sorted({r["backend"] for r in rows}))
+    head = ["n", "B", *(f"{name}\ntokens/s" for name in names), *(f"{name}\npeak MiB" for name in names),
+            f"vs\n{STANDARD}", f"vs\n{SDPA}"]
+    body = [[r["n"], r["B"], *(cell(r[name], "tokens_s", ",.0f") for name in names),
+             *(cell(r[name], "mib", ".0f") for name in names),
+             fmt(speedup(r, mine, STANDARD), ".2f"), fmt(speedup(r, mine, SDPA), ".2f")] for r in rows]
+    return "\n".join([f"vs {STANDARD}, vs {SDPA}: {mine}'s tokens/s over theirs (above 1: {mine} is faster);\n"
+                      f"{SDPA}: PyTorch's dispatch, here {backends}; peak MiB: torch.cuda.max_memory_allocated.",
+                      tabulate(body, head, stralign="right", disable_numparse=True), *summary(rows, mine)])
+
+
+def summary(rows: list[dict], mine: str) -> list[str]:
+    """The paper's claims for `mine`: its speed-ups against their goals, its peak memory across n (B·n
+    fixed: flat means linear in n per row), and the contexts standard attention cannot fit."""
+    lines = []
+    for slow, goal, start in ((STANDARD, GOAL_VS_STANDARD, GOAL_FROM_N), (SDPA, GOAL_VS_SDPA, 0)):
+        ratios = [(x, r["n"]) for r in rows if r["n"] >= start and (x := speedup(r, mine, slow)) is not None]
+        if ratios:
+            worst, at = min(ratios)
+            lines.append(f"{mine} vs {slow}" + (f" from n = {start}" if start else "") + f": at least {worst:.2f}x "
+                         f"(at n = {at}; goal {goal:.1f}x): " + ("met" if worst >= goal else "missed"))
+    mib = [(r[mine]["mib"], r["n"]) for r in rows if r[mine].get("mib") is not None]
+    if len(mib) > 1:
+        lines.append(f"{mine}'s peak memory: {min(mib)[0]:,.0f} to {max(mib)[0]:,.0f} MiB over n = {mib[0][1]} to "
+                     f"{mib[-1][1]} ({max(mib)[0] / min(mib)[0]:.2f}x; flat: linear in n)")
+    beyond = [r["n"] for r in rows if r[STANDARD].get("note") == "OOM" and "tokens_s" in r[mine]]
+    if beyond:
+        lines.append(f"standard attention runs out of memory at n = {', '.join(map(str, beyond))}; {mine} trains there")
+    return lines
+
+
+def plot(rows: list[dict], names: list[str], path: Path) -> None:
+    """Tokens/s and peak memory against n, one line per method; an OOM cell has no point."""
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, key, label in ((axes[0], "tokens_s", "tokens/s"), (axes[1], "mib", "peak memory, MiB")):
+        for name in names:
+            pts = [(r["n"], r[name][key]) for r in rows if r[name].get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="n (B·n fixed)", ylabel=label, title=f"GPT training, {label}")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def main(target: Path, argv: list[str]) -> int:
+    args = parse(argv)
+    torch = gpu_torch("python grader.py 15")
+    if torch is None:
+        return 2
+    import triton
+    layers = methods(torch, target)
+    names = list(layers)
+    size = {key: GPU[key] for key in ("layers", "heads", "embd")}
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; bf16 autocast, "
+          f"B·n = {args.tokens}, {size['layers']} layers, {size['heads']} heads, width {size['embd']}, dropout "
+          f"{DROPOUT}; {args.warmup} + {args.steps} steps a cell; target {target}", flush=True)
+    rows = run_cells(torch, layers, args.n, args.tokens, size, args.steps, args.warmup)
+    print(report(rows, names, names[-1]))
+    if not args.no_plot:
+        plot(rows, names, args.plot)
+    return 0
