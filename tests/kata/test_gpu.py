@@ -156,6 +156,8 @@ def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
     torch = pytest.importorskip("torch")
     if why := gpu.triton_missing():
         pytest.skip(why)
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is here, which the faked one would shadow: python grader.py doctor shows the mode")
     done = subprocess.run([sys.executable, "-c", GPU_WITH_THE_VARIABLE], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -165,10 +167,7 @@ def test_a_gpu_with_the_variable_exported_runs_compiled_everywhere():
     probe = seen["probe"]
     assert probe["mode"] == "compiled on the GPU" and "TRITON_INTERPRET=1, exported in this shell, is overridden" in \
         probe["why"]
-    if not torch.cuda.is_available():  # the probe got as far as CUDA tensors; on a real GPU its kernel runs
-        assert not probe["ok"] and "loaded" not in probe["error"]
-    else:
-        assert probe["ok"], probe
+    assert not probe["ok"] and "loaded" not in probe["error"]  # got as far as CUDA tensors: there is no GPU here
 
 
 TRITON_FIRST = """
