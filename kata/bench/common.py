@@ -81,7 +81,10 @@ def cannot_run_here(torch, err: BaseException) -> str | None:
     """The table's note when `err` says that a column cannot run on this machine, or None: a bug.
 
     A full GPU or SRAM counts also when torch.compile wraps it (an autotuning kernel that does not fit)."""
-    from triton.runtime.errors import OutOfResources
+    try:
+        from triton.runtime.errors import OutOfResources
+    except ImportError:  # no Triton: no kernel of its can have run out of SRAM
+        OutOfResources = ()
     chain = error_chain(err)
     compiling = [e for e in chain if type(e).__name__ in COMPILE_FAILED and type(e).__module__.startswith("torch.")]
     for e in compiling:  # what the backend raised, also where torch kept it aside rather than chained
