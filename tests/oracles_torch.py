@@ -49,7 +49,8 @@ def _attention(q, k, v, keep, causal, scale, z=None):
     p = torch.softmax(s.masked_fill(~live, 0.0), dim=-1) * live
     if z is not None:
         p = p * torch.as_tensor(z, device=q.device).to(p.dtype)
-    return p @ v, torch.logsumexp(s, dim=-1)
+    # lse = -inf there, set after the logsumexp so that no gradient reaches an all -inf row (0 · NaN)
+    return p @ v, torch.logsumexp(s.masked_fill(~live, 0.0), dim=-1).masked_fill(~live[..., 0], -math.inf)
 
 
 def attention(q, k, v, keep=None, causal=False, scale=None, dtype=torch.float64, z=None):
@@ -74,6 +75,19 @@ def attention_grads(q, k, v, do, keep=None, causal=False, scale=None, dtype=torc
     # sum(o ∘ do) gives what o.backward(do) gives, which costs ~0.3 s on first use
     (o * torch.as_tensor(do, device=o.device).to(dtype)).sum().backward()
     return o.detach(), (q.grad, k.grad, v.grad)
+
+
+@one_thread()
+def stored_o_grads(q, k, do, o, o_ref, keep=None, causal=False, scale=None):
+    """(dq, dk): how far a FlashAttention backward's dQ and dK move because it reads O as its forward
+    stored it (rounded to the inputs' dtype), not the exact o_ref. D = rowsum(dO ∘ O) moves by
+    δD = rowsum(dO ∘ (o − o_ref)), so dS = P ∘ (dP − D) by −P ∘ δD: the gradient of −Σ δD · lse,
+    since ∂lse/∂s = P. With dropout, P is the undropped softmax, as lse is. Arguments as in attention."""
+    q, k = (_float64(a).requires_grad_() for a in (q, k))
+    delta = (_float64(do) * (_float64(o) - _float64(o_ref))).sum(-1).nan_to_num()
+    _, lse = _attention(q, k, torch.zeros_like(k[..., :1]), keep, causal, scale)
+    (-(delta * lse.masked_fill(lse.isinf(), 0.0))).sum().backward()
+    return q.grad, k.grad
 
 
 @one_thread()

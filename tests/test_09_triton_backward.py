@@ -18,7 +18,7 @@ from oracles_torch import attention_grads  # noqa: E402 - only once torch is kno
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
                             check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu, interpreted_only,
-                            kv_in_layouts, low_precision, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
+                            kv_in_layouts, backward_bounds, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
                             qkv_do, randn, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
@@ -55,15 +55,13 @@ def check(ex, q, k, v, do, causal=False, scale=None, convention=FORMULAS, nan_co
     what = name(q, k, causal, scale)
     o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, scale=scale)
     tol = tol or tolerance(q.dtype, BACKWARD_TOL)
-    low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
-    baseline = attention_grads(q, k, v, do, causal=causal, scale=scale, dtype=q.dtype) if low else None
-    if baseline:
-        check_precision(o, o_ref, baseline[0], f"{what}: o (the given forward)")
+    bounds = backward_bounds(q, k, v, do, o, o_ref, causal=causal, scale=scale)  # compiled float16, bfloat16
+    if bounds:
+        check_precision(o, o_ref, bounds[0][0], f"{what}: o (the given forward)")
     else:
         assert_close(as_numpy(o), as_numpy(o_ref), what=f"{what}: o (the given forward)", rtol=tol, atol=tol)
-    bounds = baseline[1] if baseline else (None,) * 3
-    check_outputs(what, zip(("dq", "dk", "dv"), "qkv", (q, k, v), grads, grads_ref, bounds), tol, convention,
-                  nan_convention)
+    check_outputs(what, zip(("dq", "dk", "dv"), "qkv", (q, k, v), grads, grads_ref, bounds[1:] if bounds else (None,) * 3),
+                  tol, convention, nan_convention)
 
 
 # (B, H, n_q, n_k, D); the interpreter runs 16- and 32-row tiles in both kernels

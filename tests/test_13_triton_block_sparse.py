@@ -32,7 +32,7 @@ from oracles_torch import attention, attention_grads  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
                             call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
-                            low_precision, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
+                            backward_bounds, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
 from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
@@ -260,13 +260,11 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     clean_do = do.nan_to_num()  # NaN only in query blocks none lists: o = 0 there, and no gradient flows
     o_ref, grads_ref = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale)
     tol = tol or tolerance(q.dtype, BACKWARD_TOL)
-    low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
-    baseline = attention_grads(q, k, v, clean_do, keep=allowed, scale=scale, dtype=q.dtype) if low else None
+    bounds = backward_bounds(q, k, v, clean_do, o, o_ref, keep=allowed, scale=scale)  # compiled float16, bfloat16
     clean = dataclasses.replace(listed, kv_order=bm.kv_order, q_order=bm.q_order)  # the orders as this run's
     nan = nan_cause((o, *grads), lambda: run(ex, *finite, clean, mask, scale), bool(empty))
-    bounds = (baseline[0], *baseline[1]) if baseline else (None,) * 4
     hint = lse_hint(grads[0], grads_ref[0], attention(q, k, v, keep=allowed, scale=scale)[1], tol)
-    check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds),
+    check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds or (None,) * 4),
                   tol, f"{convention}; {MASKS}{hint}", nan)
 
 

@@ -22,7 +22,7 @@ from oracles_torch import attention_grads  # noqa: E402 - only once torch is kno
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, FLOAT32, GYM_SHAPE, WRAPPER_BAD_INPUTS, as_numpy, call,  # noqa: E402
                             check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu,
-                            interpreted_only, low_precision, poison_unattended_keys, qkv_do, record_stages,
+                            interpreted_only, backward_bounds, poison_unattended_keys, qkv_do, record_stages,
                             shape_id, skip_unless_supported, small_qk, tolerance,
                             poisoned_buffers, torch_default_float32)  # noqa: F401 (fixtures)
 
@@ -126,17 +126,15 @@ def check(ex, q, k, v, do, dropout_p, seed, causal=False, convention="", nan_con
     what = name(q, k, causal, dropout_p, seed)
     o_ref, grads_ref = attention_grads(q, k, v, do, causal=causal, z=z)
     tol = tolerance(q.dtype, BACKWARD_TOL)
-    low = low_precision(q.dtype)  # then PyTorch's own attention in q's dtype sets the bound
-    baseline = attention_grads(q, k, v, do, causal=causal, z=z, dtype=q.dtype) if low else None
+    bounds = backward_bounds(q, k, v, do, o, o_ref, causal=causal, z=z)  # compiled float16, bfloat16
     forward = f"{FORWARD}; {convention}" if convention else FORWARD
-    if baseline:
-        check_precision(o, o_ref, baseline[0], f"{what}: o", forward, nan_convention)
+    if bounds:
+        check_precision(o, o_ref, bounds[0][0], f"{what}: o", forward, nan_convention)
     else:
         size = max(1.0, o_ref.abs().max().item())
         assert_close(as_numpy(o), as_numpy(o_ref), what=f"{what}: o (row = b, h, query)", rtol=tol, atol=tol * size,
                      convention=forward, nan_convention=nan_convention)
-    bounds = baseline[1] if baseline else (None,) * 3
-    check_outputs(what, zip(("dq", "dk", "dv"), "qkv", (q, k, v), grads, grads_ref, bounds), tol,
+    check_outputs(what, zip(("dq", "dk", "dv"), "qkv", (q, k, v), grads, grads_ref, bounds[1:] if bounds else (None,) * 3), tol,
                   f"{BACKWARD}; {convention}" if convention else BACKWARD, nan_convention)
 
 
