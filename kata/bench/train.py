@@ -1,7 +1,7 @@
 """`python grader.py --bench train`: exercise 15's GPT trained with three attention layers, n from 1k to 64k.
 
     python grader.py --bench train [--n 1024 2048 ... 65536] [--tokens T] [--steps S] [--warmup W]
-                                   [--plot PATH] [--no-plot]
+                                   [--accuracy-steps A] [--plot PATH] [--no-plot]
 
 Every cell trains the model that `python grader.py train` trains on a GPU (kata/tools/train.py's GPU
 sizes, attention dropout 0.1) on rows of the needle task, B·n = T tokens a step (B = T // n), bf16
@@ -12,7 +12,11 @@ inputs) and exercise 15's layer in the target folder (on the solved 13 and 14, a
 train` runs it). The table gives tokens per second, the peak memory of the timed steps
 (torch.cuda.max_memory_allocated: weights, AdamW's state and the activations) and the ratios against
 standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
-benchmark goes on. The long-range task's accuracy at each n is `python grader.py train --context n`'s.
+benchmark goes on. Then, at each n where exercise 15's layer fits, the long-range task's accuracy
+(kata/given/needle.py, chance 1/8) of the model trained A steps with that layer by the training loop
+of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast: the
+contexts standard attention cannot fit, trained. A fixed budget of steps, not training to the end:
+`python grader.py train --context n --steps ...` trains one n for longer.
 """
 from __future__ import annotations
 
@@ -25,11 +29,12 @@ import numpy as np
 from kata.bench.common import default_backend, fmt, from_exercise, gpu_torch, guarded, pyplot, standard_attention
 from kata.exercises import SOLUTIONS_DIR
 from kata.given import needle
-from kata.tools.train import GPU
+from kata.tools.train import EVAL_ROWS, GPU
 
 TOKENS = 65536  # B·n of every cell
 SIZES = [1024 * 2**i for i in range(7)]  # 1k .. 64k
 STEPS, WARMUP = 5, 2
+ACCURACY_STEPS = 300
 DROPOUT, LR = 0.1, 3e-3
 STANDARD, SDPA, YOURS, REFERENCE = "standard", "sdpa", "yours", "reference"
 # The paper's claims, as goals for the reference: 2-4x standard attention's training speed (the lower
@@ -44,11 +49,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=TOKENS, help="B·n, the tokens of every step (default %(default)s)")
     p.add_argument("--steps", type=int, default=STEPS, help="timed steps a cell (default %(default)s)")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps first (default %(default)s)")
+    p.add_argument("--accuracy-steps", type=int, default=ACCURACY_STEPS,
+                   help="training steps before the accuracy at each n (0: no accuracy; default %(default)s)")
     p.add_argument("--plot", type=Path, default=Path("bench_train.png"), help="where the plot goes (needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="no plot")
     args = p.parse_args(argv)
-    if min(*args.n, args.tokens, args.steps) < 1 or args.warmup < 0:
-        p.error("sizes and --steps must be positive, --warmup at least 0")
+    if min(*args.n, args.tokens, args.steps) < 1 or min(args.warmup, args.accuracy_steps) < 0:
+        p.error("sizes and --steps must be positive, --warmup and --accuracy-steps at least 0")
     return args
 
 
@@ -80,12 +87,9 @@ def train_cell(torch, attention, n: int, B: int, size: dict, steps: int, warmup:
     """{'tokens_s', 'mib', 'loss'}: the model of `size` (layers, heads, embd) with this attention layer,
     trained `warmup` steps, then `steps` steps timed by clock() (seconds) on B rows of n tokens; mib:
     the timed steps' peak CUDA memory (None off CUDA); loss: the last step's."""
-    from kata.given.gpt import GPT, GPTConfig
     from kata.given.train import optimizer
     cuda = device.startswith("cuda")
-    torch.manual_seed(0)
-    config = GPTConfig(needle.VOCAB, n, size["layers"], size["heads"], size["embd"], DROPOUT)
-    model = GPT(config, attention).to(device)
+    model = new_model(torch, attention, n, size, device)
     opt = optimizer(model, LR)
     data = needle.as_batch(needle.rows(np.random.default_rng(n), B, n).to(device))
 
@@ -113,6 +117,40 @@ def train_cell(torch, attention, n: int, B: int, size: dict, steps: int, warmup:
     seconds = clock() - start
     return {"tokens_s": B * n * steps / seconds, "loss": loss.item(),
             "mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}
+
+
+def new_model(torch, attention, n: int, size: dict, device: str):
+    """The model of `size` (layers, heads, embd) at context n with this attention layer, seeded."""
+    from kata.given.gpt import GPT, GPTConfig
+    torch.manual_seed(0)
+    return GPT(GPTConfig(needle.VOCAB, n, size["layers"], size["heads"], size["embd"], DROPOUT), attention).to(device)
+
+
+def accuracy_cell(torch, attention, n: int, B: int, size: dict, steps: int, device: str, dtype) -> dict:
+    """{'accuracy', 'loss'}: the model trained `steps` steps by kata/given/train.py's loop on fresh
+    needle rows, B a step, under `dtype` autocast; then its accuracy on EVAL_ROWS held-out rows."""
+    from kata.given.train import train
+    model = new_model(torch, attention, n, size, device)
+    data = np.random.default_rng(n)
+    held_out = needle.rows(np.random.default_rng(n + 1), EVAL_ROWS, n).to(device)
+    with torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
+        last = train(model, lambda step: needle.as_batch(needle.rows(data, B, n).to(device)), steps, LR, steps,
+                     lambda progress: None, lambda m: needle.accuracy(m, held_out, B))
+    return {"accuracy": last.accuracy, "loss": last.loss}
+
+
+def run_accuracy(torch, rows: list[dict], name: str, layer, size: dict, steps: int, device: str = "cuda",
+                 dtype=None, say=print) -> None:
+    """Adds row['accuracy'] (accuracy_cell's numbers, or {'note'}) to each row where `name` trained."""
+    dtype = dtype or torch.bfloat16
+    for row in rows:
+        if "tokens_s" not in row[name]:
+            row["accuracy"] = {"note": "-"}
+            continue
+        row["accuracy"] = guarded(torch, name, lambda: accuracy_cell(torch, layer, row["n"], row["B"], size, steps,
+                                                                     device, dtype))
+        say(f"n={row['n']}: {name} trained {steps} steps, accuracy {cell(row['accuracy'], 'accuracy', '.1%')}",
+            flush=True)
 
 
 def run_cells(torch, layers: dict, sizes: list[int], tokens: int, size: dict, steps: int, warmup: int,
@@ -150,14 +188,17 @@ def speedup(row: dict, fast: str, slow: str) -> float | None:
 
 
 def report(rows: list[dict], names: list[str], mine: str) -> str:
-    """The table (tokens/s, peak MiB, the ratios of `mine` over standard and SDPA) and the goal lines."""
+    """The table (tokens/s, peak MiB, the ratios of `mine` over standard and SDPA, and its accuracy
+    where run_accuracy ran) and the goal lines."""
     from tabulate import tabulate
     backends = ", ".join(sorted({r["backend"] for r in rows}))
+    accuracy = any("accuracy" in r for r in rows)
     head = ["n", "B", *(f"{name}\ntokens/s" for name in names), *(f"{name}\npeak MiB" for name in names),
-            f"vs\n{STANDARD}", f"vs\n{SDPA}"]
+            f"vs\n{STANDARD}", f"vs\n{SDPA}", *([f"{mine}\naccuracy"] if accuracy else [])]
     body = [[r["n"], r["B"], *(cell(r[name], "tokens_s", ",.0f") for name in names),
              *(cell(r[name], "mib", ".0f") for name in names),
-             fmt(speedup(r, mine, STANDARD), ".2f"), fmt(speedup(r, mine, SDPA), ".2f")] for r in rows]
+             fmt(speedup(r, mine, STANDARD), ".2f"), fmt(speedup(r, mine, SDPA), ".2f"),
+             *([cell(r.get("accuracy", {}), "accuracy", ".1%")] if accuracy else [])] for r in rows]
     return "\n".join([f"vs {STANDARD}, vs {SDPA}: {mine}'s tokens/s over theirs (above 1: {mine} is faster);\n"
                       f"{SDPA}: PyTorch's dispatch, here {backends}; peak MiB: torch.cuda.max_memory_allocated.",
                       tabulate(body, head, stralign="right", disable_numparse=True), *summary(rows, mine)])
@@ -177,23 +218,34 @@ def summary(rows: list[dict], mine: str) -> list[str]:
     if len(mib) > 1:
         lines.append(f"{mine}'s peak memory: {min(mib)[0]:,.0f} to {max(mib)[0]:,.0f} MiB over n = {mib[0][1]} to "
                      f"{mib[-1][1]} ({max(mib)[0] / min(mib)[0]:.2f}x; flat: linear in n)")
-    beyond = [r["n"] for r in rows if r[STANDARD].get("note") == "OOM" and "tokens_s" in r[mine]]
+    beyond = [r for r in rows if r[STANDARD].get("note") == "OOM" and "tokens_s" in r[mine]]
     if beyond:
-        lines.append(f"standard attention runs out of memory at n = {', '.join(map(str, beyond))}; {mine} trains there")
+        lines.append(f"standard attention runs out of memory at n = {', '.join(str(r['n']) for r in beyond)}; "
+                     f"{mine} trains there")
+        reached = [f"{r['accuracy']['accuracy']:.1%} at {r['n']}" for r in beyond if "accuracy" in r.get("accuracy", {})]
+        if reached:
+            lines.append(f"{mine}'s long-range accuracy there: {', '.join(reached)} (chance {needle.CHANCE:.1%})")
     return lines
 
 
 def plot(rows: list[dict], names: list[str], path: Path) -> None:
-    """Tokens/s and peak memory against n, one line per method; an OOM cell has no point."""
+    """Tokens/s and peak memory against n, one line per method, and the accuracy where measured; an
+    OOM cell has no point."""
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, key, label in ((axes[0], "tokens_s", "tokens/s"), (axes[1], "mib", "peak memory, MiB")):
-        for name in names:
-            pts = [(r["n"], r[name][key]) for r in rows if r[name].get(key) is not None]
+    panels = [("tokens_s", "tokens/s", names), ("mib", "peak memory, MiB", names)]
+    if any("accuracy" in r for r in rows):
+        panels.append(("accuracy", "long-range accuracy", ["accuracy"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5))
+    for ax, (key, label, lines) in zip(axes, panels):
+        for name in lines:
+            pts = [(r["n"], r[name][key]) for r in rows if r.get(name, {}).get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=name)
+        if key == "accuracy":
+            ax.axhline(needle.CHANCE, color="gray", linestyle="--", label="chance")
+            ax.legend()
         ax.set_xscale("log", base=2)
         ax.set(xlabel="n (B·n fixed)", ylabel=label, title=f"GPT training, {label}")
         ax.grid(alpha=0.3)
@@ -216,6 +268,8 @@ def main(target: Path, argv: list[str]) -> int:
           f"B·n = {args.tokens}, {size['layers']} layers, {size['heads']} heads, width {size['embd']}, dropout "
           f"{DROPOUT}; {args.warmup} + {args.steps} steps a cell; target {target}", flush=True)
     rows = run_cells(torch, layers, args.n, args.tokens, size, args.steps, args.warmup)
+    if args.accuracy_steps:
+        run_accuracy(torch, rows, names[-1], layers[names[-1]], size, args.accuracy_steps)
     print(report(rows, names, names[-1]))
     if not args.no_plot:
         plot(rows, names, args.plot)

@@ -57,3 +57,9 @@ def answers(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Per row of whole documents (B, n): 1.0 where the prediction at QUESTION (the row's
     second-to-last position) is the needle, else 0.0; its mean is the long-range task's accuracy."""
     return (logits[:, -2].argmax(-1) == tokens[:, -1]).float()
+
+
+def accuracy(model, rows: torch.Tensor, chunk: int) -> float:
+    """The long-range task's accuracy of model (tokens -> logits) over rows of whole documents, `chunk`
+    rows a call (at long n, all of them at once would not fit)."""
+    return torch.cat([answers(model(part), part) for part in rows.split(chunk)]).mean().item()

@@ -78,7 +78,7 @@ def main(target: Path, argv: list[str]) -> int:
         return needle.as_batch(needle.rows(data, args.batch, args.context).to(device))
 
     def evaluate(m):
-        return needle.answers(m(held_out), held_out).mean().item()
+        return needle.accuracy(m, held_out, args.batch)
 
     params = sum(p.numel() for p in model.parameters())
     rows = (f"{args.batch} documents of {args.context // 2} to {args.context} tokens packed in one row"

@@ -6,7 +6,9 @@ import pytest
 
 from kata.bench import main as bench_main
 from kata.bench.common import ColumnError
-from kata.bench.train import REFERENCE, SDPA, STANDARD, methods, plot, report, run_cells, speedup, summary
+from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, plot, report, run_accuracy, run_cells, speedup,
+                              summary)
+from kata.tools.train import EVAL_ROWS
 from kata.exercises import SOLUTIONS_DIR
 from kata.gpu import triton_missing
 
@@ -103,9 +105,40 @@ def test_a_bug_in_a_layer_stops_the_benchmark_naming_it():
         run_cells(torch, {"broken": broken}, [32], 32, TINY, 1, 0, device="cpu", dtype=torch.float32)
 
 
-def test_plot_is_saved_where_asked(tmp_path, capsys):
+def with_accuracy():
+    """rows() with the reference's accuracy: 50% at 2k and 4k, 25% at 8k, where standard attention is out of memory."""
+    out = rows()
+    for r, acc in zip(out, (0.5, 0.5, 0.25)):
+        r["accuracy"] = {"accuracy": acc, "loss": 1.0}
+    return out
+
+
+def test_accuracy_is_a_column_and_named_where_standard_cannot_fit():
+    """The accuracy measured but not shown, or shown for the wrong context; the OOM contexts' accuracy
+    is the claim (chance is 1/8)."""
+    text = report(with_accuracy(), NAMES, REFERENCE)
+    assert "accuracy" in text.splitlines()[3] and "25.0%" in text.splitlines()[-1]
+    assert summary(with_accuracy(), REFERENCE)[-1] == "reference's long-range accuracy there: 25.0% at 8192 (chance 12.5%)"
+    assert "accuracy" not in report(rows(), NAMES, REFERENCE)
+
+
+def test_accuracy_trains_where_the_layer_fits_and_measures_held_out_rows():
+    """Tiny real models on the CPU, two steps: an accuracy over the EVAL_ROWS held-out rows (a multiple
+    of 1/EVAL_ROWS), after a loss; a context where the layer ran out of memory is not trained."""
+    layer = methods(torch, SOLUTIONS_DIR)[SDPA]
+    got = [{"n": 32, "B": 2, SDPA: {"tokens_s": 1.0}}, {"n": 64, "B": 1, SDPA: {"note": "OOM"}}]
+    said = []
+    run_accuracy(torch, got, SDPA, layer, TINY, 2, device="cpu", dtype=torch.float32,
+                 say=lambda line, flush: said.append(line))
+    accuracy = got[0]["accuracy"]["accuracy"]
+    assert 0.0 <= accuracy <= 1.0 and (accuracy * EVAL_ROWS).is_integer() and 2.0 < got[0]["accuracy"]["loss"] < 5.0
+    assert got[1]["accuracy"] == {"note": "-"} and said == [f"n=32: sdpa trained 2 steps, accuracy {accuracy:.1%}"]
+
+
+@pytest.mark.parametrize("measured", [rows, with_accuracy], ids=["speed", "speed-and-accuracy"])
+def test_plot_is_saved_where_asked(tmp_path, capsys, measured):
     pytest.importorskip("matplotlib")
-    plot(rows(), NAMES, tmp_path / "train.png")
+    plot(measured(), NAMES, tmp_path / "train.png")
     assert (tmp_path / "train.png").stat().st_size > 0
     assert f"plot: {tmp_path / 'train.png'}" in capsys.readouterr().out
 
