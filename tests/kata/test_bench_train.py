@@ -7,7 +7,7 @@ import pytest
 from kata.bench import main as bench_main
 from kata.bench.common import ColumnError
 from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, plot, report, run_accuracy, run_cells, speedup,
-                              summary)
+                              summary, torch_layer)
 from kata.tools.train import EVAL_ROWS
 from kata.exercises import SOLUTIONS_DIR
 from kata.gpu import triton_missing
@@ -125,7 +125,7 @@ def test_accuracy_is_a_column_and_named_where_standard_cannot_fit():
 def test_accuracy_trains_where_the_layer_fits_and_measures_held_out_rows():
     """Tiny real models on the CPU, two steps: an accuracy over the EVAL_ROWS held-out rows (a multiple
     of 1/EVAL_ROWS), after a loss; a context where the layer ran out of memory is not trained."""
-    layer = methods(torch, SOLUTIONS_DIR)[SDPA]
+    layer = torch_layer(lambda q, k, v, p: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
     got = [{"n": 32, "B": 2, SDPA: {"tokens_s": 1.0}}, {"n": 64, "B": 1, SDPA: {"note": "OOM"}}]
     said = []
     run_accuracy(torch, got, SDPA, layer, TINY, 2, device="cpu", dtype=torch.float32,
