@@ -29,10 +29,11 @@ def document(rng: np.random.Generator, n: int) -> torch.Tensor:
     """One document of n >= 4 tokens (int64): filler, a needle among the first n − 2, QUESTION, the needle."""
     if n < 4:
         raise ValueError(f"a document needs at least 4 tokens (filler, needle, question, answer), got {n}")
-    walk = np.empty(n - 3, dtype=np.int64)
-    walk[0] = rng.integers(FILLER)
-    for t, flip in enumerate(rng.integers(1, 3, size=n - 4), start=1):
-        walk[t] = (5 * walk[t - 1] + flip) % FILLER
+    start, flips = rng.integers(FILLER), rng.integers(1, 3, size=n - 4)
+    # w_t = 5 w_(t-1) + f_t (mod 16) unrolled: w_t = 5^t (w_0 + Σ_(s<=t) 5^(-s) f_s), as 5^4 = 1 and 5^(-1) = 13 mod 16
+    t = np.arange(n - 3)
+    powers, inverses = np.array([1, 5, 9, 13])[t % 4], np.array([1, 13, 9, 5])[t[1:] % 4]
+    walk = powers * (start + np.concatenate([[0], np.cumsum(inverses * flips)])) % FILLER
     needle = NEEDLES + rng.integers(VALUES)
     tokens = np.insert(walk, rng.integers(n - 2), needle)
     return torch.from_numpy(np.concatenate([tokens, [QUESTION, needle]]))
