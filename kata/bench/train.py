@@ -1,10 +1,10 @@
 """`python grader.py --bench train`: exercise 15's GPT trained with three attention layers, n from 1k to 64k.
 
     python grader.py --bench train [--n 1024 2048 ... 65536] [--tokens T] [--steps S] [--warmup W]
-                                   [--accuracy-steps A] [--plot PATH] [--no-plot]
+                                   [--dropout P] [--accuracy-steps A] [--plot PATH] [--no-plot]
 
 Every cell trains the model that `python grader.py train` trains on a GPU (kata/tools/train.py's GPU
-sizes, attention dropout 0.1) on rows of the needle task, B·n = T tokens a step (B = T // n), bf16
+sizes, attention dropout P = 0.1, GPT-2's) on rows of the needle task, B·n = T tokens a step (B = T // n), bf16
 autocast, AdamW: W steps of warm-up (the kernels compile), then S timed steps. The attention layer
 is, in turn: standard attention written in PyTorch (the n × n scores and probabilities in HBM,
 dropout a pass of its own), SDPA (PyTorch's dispatch, which picks its fastest backend for these
@@ -49,6 +49,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=TOKENS, help="B·n, the tokens of every step (default %(default)s)")
     p.add_argument("--steps", type=int, default=STEPS, help="timed steps a cell (default %(default)s)")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps first (default %(default)s)")
+    p.add_argument("--dropout", type=float, default=DROPOUT,
+                   help="attention dropout, every method's (default %(default)s, GPT-2's; 0: the kernels draw no mask)")
     p.add_argument("--accuracy-steps", type=int, default=ACCURACY_STEPS,
                    help="training steps before the accuracy at each n (0: no accuracy; default %(default)s)")
     p.add_argument("--plot", type=Path, default=Path("bench_train.png"), help="where the plot goes (needs matplotlib)")
@@ -56,6 +58,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(*args.n, args.tokens, args.steps) < 1 or min(args.warmup, args.accuracy_steps) < 0:
         p.error("sizes and --steps must be positive, --warmup and --accuracy-steps at least 0")
+    if not 0 <= args.dropout < 1:
+        p.error("--dropout must lie in [0, 1)")
     return args
 
 
@@ -120,10 +124,11 @@ def train_cell(torch, attention, n: int, B: int, size: dict, steps: int, warmup:
 
 
 def new_model(torch, attention, n: int, size: dict, device: str):
-    """The model of `size` (layers, heads, embd) at context n with this attention layer, seeded."""
+    """The model of `size` (layers, heads, embd, dropout) at context n with this attention layer, seeded."""
     from kata.given.gpt import GPT, GPTConfig
     torch.manual_seed(0)
-    return GPT(GPTConfig(needle.VOCAB, n, size["layers"], size["heads"], size["embd"], DROPOUT), attention).to(device)
+    return GPT(GPTConfig(needle.VOCAB, n, size["layers"], size["heads"], size["embd"], size["dropout"]),
+               attention).to(device)
 
 
 def accuracy_cell(torch, attention, n: int, B: int, size: dict, steps: int, device: str, dtype) -> dict:
@@ -263,10 +268,10 @@ def main(target: Path, argv: list[str]) -> int:
     import triton
     layers = methods(torch, target)
     names = list(layers)
-    size = {key: GPU[key] for key in ("layers", "heads", "embd")}
+    size = dict({key: GPU[key] for key in ("layers", "heads", "embd")}, dropout=args.dropout)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; bf16 autocast, "
           f"B·n = {args.tokens}, {size['layers']} layers, {size['heads']} heads, width {size['embd']}, dropout "
-          f"{DROPOUT}; {args.warmup} + {args.steps} steps a cell; target {target}", flush=True)
+          f"{args.dropout}; {args.warmup} + {args.steps} steps a cell; target {target}", flush=True)
     rows = run_cells(torch, layers, args.n, args.tokens, size, args.steps, args.warmup)
     if args.accuracy_steps:
         run_accuracy(torch, rows, names[-1], layers[names[-1]], size, args.accuracy_steps)

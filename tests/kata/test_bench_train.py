@@ -6,15 +6,15 @@ import pytest
 
 from kata.bench import main as bench_main
 from kata.bench.common import ColumnError
-from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, plot, report, run_accuracy, run_cells, speedup,
-                              summary, torch_layer)
+from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, parse, plot, report, run_accuracy, run_cells,
+                              speedup, summary, torch_layer)
 from kata.tools.train import EVAL_ROWS
 from kata.exercises import SOLUTIONS_DIR
 from kata.gpu import triton_missing
 
 torch = pytest.importorskip("torch")
 NAMES = [STANDARD, SDPA, REFERENCE]
-TINY = dict(layers=1, heads=2, embd=16)
+TINY = dict(layers=1, heads=2, embd=16, dropout=0.1)
 
 
 def rows():
@@ -150,3 +150,11 @@ def test_train_without_a_gpu_measures_nothing(monkeypatch, capsys, tmp_path):
     assert bench_main.main(tmp_path, ["train"]) == 2
     out = capsys.readouterr().out
     assert "nothing was measured" in out and "python grader.py 15" in out
+
+
+def test_dropout_is_every_methods_and_refused_outside_its_range(capsys):
+    """--dropout reaching one method only would compare a masked step with an unmasked one; p = 1 drops every weight."""
+    assert parse([]).dropout == 0.1 and parse(["--dropout", "0"]).dropout == 0.0
+    with pytest.raises(SystemExit):
+        parse(["--dropout", "1"])
+    assert "--dropout must lie in [0, 1)" in capsys.readouterr().err
