@@ -248,16 +248,17 @@ def check_forward(kernel, q, k, v, what, keep=None, causal=False, scale=None, co
 
 def backward_bounds(q, k, v, do, o, o_ref, **attention_kw):
     """The bounds of o, dq, dk, dv for compiled float16 and bfloat16, as (baseline, allowance) each:
-    PyTorch's own attention in q's dtype, and for dq and dk the exact move that reading O as stored
-    (rounded to q's dtype) makes through D (oracles_torch.stored_o_grads). A row attending one key
-    has dS = 0 exactly in PyTorch, but dO·(v − o) in a FlashAttention backward once o is rounded
-    (dropout's 1/(1 − p) makes o inexact). None where a fixed tolerance checks instead."""
+    PyTorch's own attention in q's dtype, and for dq and dk twice (as the rule allows twice PyTorch's
+    error) the move that reading O as stored, rounded to q's dtype, makes through D
+    (oracles_torch.stored_o_grads). A row attending one key has dS = 0 exactly in PyTorch, but
+    dO·(v − o) in a FlashAttention backward once o is rounded (dropout's 1/(1 − p) makes o inexact),
+    and dQ and dK are then that move, rounded again when stored. None where a fixed tolerance checks."""
     if not low_precision(q.dtype):
         return None
     z = attention_kw.pop("z", None)
     baseline_o, baseline = attention_grads(q, k, v, do, dtype=q.dtype, z=z, **attention_kw)
     dq, dk = stored_o_grads(q, k, do, o, o_ref, **attention_kw)
-    return (baseline_o, 0.0), (baseline[0], dq.abs().max().item()), (baseline[1], dk.abs().max().item()), \
+    return (baseline_o, 0.0), (baseline[0], 2 * dq.abs().max().item()), (baseline[1], 2 * dk.abs().max().item()), \
         (baseline[2], 0.0)
 
 
@@ -300,7 +301,7 @@ def check_precision(got, expected, baseline, what: str, convention: str = "", na
             log.write(json.dumps(dict(test=os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], what=what,
                                       dtype=str(got.dtype)[6:], err=err, bound=bound)) + "\n")
     dtype = str(got.dtype)[6:]
-    stored_o = f", plus {allowance:.3g} for O stored in {dtype}, which D reads" if allowance else ""
+    stored_o = f", plus {allowance:.3g}, twice the move O stored in {dtype} makes through D" if allowance else ""
     assert err <= bound, (f"{what}: max error {err:.3g} against float64, over the bound {bound:.3g} (twice PyTorch's "
                           f"own error in {dtype}, plus rounding{stored_o})"
                           + (f"\n  convention: {convention}" if convention else ""))
