@@ -82,11 +82,12 @@ def stored_o_grads(q, k, do, o, o_ref, keep=None, causal=False, scale=None):
     """(dq, dk): how far a FlashAttention backward's dQ and dK move because it reads O as its forward
     stored it (rounded to the inputs' dtype), not the exact o_ref. D = rowsum(dO ∘ O) moves by
     δD = rowsum(dO ∘ (o − o_ref)), so dS = P ∘ (dP − D) by −P ∘ δD: the gradient of −Σ δD · lse,
-    since ∂lse/∂s = P. With dropout, P is the undropped softmax, as lse is. Arguments as in attention."""
+    since ∂lse/∂s = P. With dropout, P is the undropped softmax, as lse is. keep, causal and scale as
+    in attention; a row that attends no key has δD = 0 and no gradient."""
     q, k = (_float64(a).requires_grad_() for a in (q, k))
     delta = (_float64(do) * (_float64(o) - _float64(o_ref))).sum(-1).nan_to_num()
     _, lse = _attention(q, k, torch.zeros_like(k[..., :1]), keep, causal, scale)
-    (-(delta * lse.masked_fill(lse.isinf(), 0.0))).sum().backward()
+    (-(delta * lse.nan_to_num(neginf=0.0))).sum().backward()
     return q.grad, k.grad
 
 

@@ -264,8 +264,8 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     clean = dataclasses.replace(listed, kv_order=bm.kv_order, q_order=bm.q_order)  # the orders as this run's
     nan = nan_cause((o, *grads), lambda: run(ex, *finite, clean, mask, scale), bool(empty))
     hint = lse_hint(grads[0], grads_ref[0], attention(q, k, v, keep=allowed, scale=scale)[1], tol)
-    check_outputs(what, zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds or (None,) * 4),
-                  tol, f"{convention}; {MASKS}{hint}", nan)
+    outputs = zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds or (None,) * 4)
+    check_outputs(what, outputs, tol, f"{convention}; {MASKS}{hint}", nan)
 
 
 def nan_cause(outputs, rerun, empty_rows: bool) -> str:
