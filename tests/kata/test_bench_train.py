@@ -6,8 +6,8 @@ import pytest
 
 from kata.bench import main as bench_main
 from kata.bench.common import ColumnError
-from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, parse, plot, report, run_accuracy, run_cells,
-                              speedup, summary, torch_layer)
+from kata.bench.train import (REFERENCE, SDPA, STANDARD, methods, new_model, parse, plot, report, run_accuracy,
+                              run_cells, speedup, summary, torch_layer)
 from kata.tools.train import EVAL_ROWS
 from kata.exercises import SOLUTIONS_DIR
 from kata.gpu import triton_missing
@@ -118,7 +118,8 @@ def test_accuracy_is_a_column_and_named_where_standard_cannot_fit():
     is the claim (chance is 1/8)."""
     text = report(with_accuracy(), NAMES, REFERENCE)
     assert "accuracy" in text.splitlines()[3] and "25.0%" in text.splitlines()[-1]
-    assert summary(with_accuracy(), REFERENCE)[-1] == "reference's long-range accuracy there: 25.0% at 8192 (chance 12.5%)"
+    assert summary(with_accuracy(), REFERENCE)[-1] == \
+        "reference's long-range accuracy there: 25.0% at 8192 (chance 12.5%)"
     assert "accuracy" not in report(rows(), NAMES, REFERENCE)
 
 
@@ -155,6 +156,8 @@ def test_train_without_a_gpu_measures_nothing(monkeypatch, capsys, tmp_path):
 def test_dropout_is_every_methods_and_refused_outside_its_range(capsys):
     """--dropout reaching one method only would compare a masked step with an unmasked one; p = 1 drops every weight."""
     assert parse([]).dropout == 0.1 and parse(["--dropout", "0"]).dropout == 0.0
+    layer = torch_layer(lambda q, k, v, p: q)
+    assert new_model(torch, layer, 32, dict(TINY, dropout=0.3), "cpu").config.dropout == 0.3
     with pytest.raises(SystemExit):
         parse(["--dropout", "1"])
     assert "--dropout must lie in [0, 1)" in capsys.readouterr().err

@@ -30,3 +30,16 @@ def test_the_same_seed_gives_the_same_rows_and_another_seed_others():
 def test_a_document_too_short_for_its_parts_is_refused():
     with pytest.raises(ValueError, match="at least 4 tokens"):
         needle.document(np.random.default_rng(0), 3)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_the_walk_is_the_recurrence_from_the_same_draws(n):
+    """A closed form of w_t = 5 w_(t-1) + f_t (mod 16) off by a power, or drawing in another order: the
+    documents of a seed would change, and with them every figure measured on them."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        walk = [int(rng.integers(needle.FILLER))]
+        for flip in rng.integers(1, 3, size=n - 4):
+            walk.append((5 * walk[-1] + int(flip)) % needle.FILLER)
+        doc = needle.document(np.random.default_rng(seed), n).numpy()
+        assert np.delete(doc[:-2], np.flatnonzero(doc[:-2] >= needle.NEEDLES)).tolist() == walk
