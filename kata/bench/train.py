@@ -14,9 +14,10 @@ train` runs it). The table gives tokens per second, the peak memory of the timed
 standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
 benchmark goes on. Then, at each n where exercise 15's layer fits, the long-range task's accuracy
 (kata/given/needle.py, chance 1/8) of the model trained A steps with that layer by the training loop
-of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast: the
-contexts standard attention cannot fit, trained. A fixed budget of steps, not training to the end:
-`python grader.py train --context n --steps ...` trains one n for longer.
+of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast, and
+scored on held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long
+contexts see few rows a step, and may stay at chance in A steps; `python grader.py train --context
+n --steps ...` trains one n for longer.
 """
 from __future__ import annotations
 
