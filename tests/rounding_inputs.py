@@ -36,7 +36,7 @@ def cancelling_dv_inputs(rng, B, H, n_q, n_k, d, tile=16):
     k[..., 0, :] = 0.0
     k[..., 0, 0] = 3.0 * d ** 0.5
     v = torch.from_numpy(rng.standard_normal((B, H, n_k, d)))
-    v[..., 0, :] = 0.0  # dP = dO vᵀ exactly 0 on key 0, and O, D near 0: no float32 noise of dP − D for dS and dQ to carry
+    v[..., 0, :] = 0.0  # dP = dO vᵀ is exactly 0 on key 0 and O, D near 0: no float32 noise of dP − D reaches dQ
     sign = 1 - 2 * ((torch.arange(n_q) // tile) % 2)
     do = 64.0 * sign[:, None] + torch.from_numpy(rng.standard_normal((B, H, n_q, d)))
     return _float16(q, k, v, do)

@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch", reason="skipped: exercise 09 needs PyTorch"
 from oracles_torch import attention_grads  # noqa: E402 - only once torch is known to import
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DTYPES, KV_LAYOUTS, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
-                            check_compiles_for_gpus, check_outputs, check_precision, forward_backward, gpu, interpreted_only,
-                            kv_in_layouts, backward_bounds, masked_tiles, poison_unattended_keys, poisoned_buffers,  # noqa: F401 (a fixture)
+                            backward_bounds, check_compiles_for_gpus, check_outputs, check_precision, forward_backward,
+                            gpu, interpreted_only, kv_in_layouts, masked_tiles, poison_unattended_keys,
+                            poisoned_buffers,  # noqa: F401 (a fixture)
                             qkv_do, randn, record_stages, shape_id, skip_unless_supported, small_qk, tolerance)
 from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 from requires_grad import FROZEN, check_frozen  # noqa: E402

@@ -31,8 +31,8 @@ import bounds_check  # noqa: E402 - only once torch is known to import
 from oracles_torch import attention, attention_grads  # noqa: E402
 # Before Triton loads: without CUDA, triton_helpers sets TRITON_INTERPRET=1, which Triton reads then.
 from triton_helpers import (BACKWARD_TOL, DEVICE, DTYPES, INTERPRETED, LOG_OF_ZERO_WANTED, WRAPPER_BAD_INPUTS, as_numpy,  # noqa: E402
-                            call, check_compiles_for_gpus, check_outputs, forward_backward, gpu, interpreted_only,
-                            backward_bounds, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
+                            backward_bounds, call, check_compiles_for_gpus, check_outputs, forward_backward, gpu,
+                            interpreted_only, poisoned_buffers, qkv_do, randn, record_by_launch, shape_id,  # noqa: F401
                             skip_unless_supported, small_qk, tolerance)
 from triton_helpers import FLOAT32, GYM_SHAPE, torch_default_float32  # noqa: E402, F401 (a fixture)
 from requires_grad import FROZEN, check_frozen  # noqa: E402
@@ -264,7 +264,8 @@ def check(ex, rng, case, q, k, v, do, block_q, block_k, scale=None, convention=F
     clean = dataclasses.replace(listed, kv_order=bm.kv_order, q_order=bm.q_order)  # the orders as this run's
     nan = nan_cause((o, *grads), lambda: run(ex, *finite, clean, mask, scale), bool(empty))
     hint = lse_hint(grads[0], grads_ref[0], attention(q, k, v, keep=allowed, scale=scale)[1], tol)
-    outputs = zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref), bounds or (None,) * 4)
+    outputs = zip(("o", "dq", "dk", "dv"), "qqkv", (q, q, k, v), (o, *grads), (o_ref, *grads_ref),
+                  bounds or (None,) * 4)
     check_outputs(what, outputs, tol, f"{convention}; {MASKS}{hint}", nan)
 
 

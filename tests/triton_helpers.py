@@ -264,15 +264,16 @@ def backward_bounds(q, k, v, do, o, o_ref, **attention_kw):
 def check_outputs(what: str, outputs, tol: float, convention: str = "", nan_convention: str = "") -> None:
     """outputs: (label, input's name, input, got, expected, bound) per output of a backward. got must
     have its input's dtype and shape; then, with a bound (backward_bounds: PyTorch's own attention
-    in the inputs' low precision, and the stored O's move), check_precision against it, else within tol of
-    the float64 `expected`, relative to its largest entry."""
+    in the inputs' low precision, and the stored O's move), check_precision against it, else within
+    tol of the float64 `expected`, relative to its largest entry."""
     __tracebackhide__ = True
     for label, name, t, got, expected, bound in outputs:
         assert got is not None and got.dtype == t.dtype and got.shape == t.shape, \
             f"{what}: {label} must have {name}'s dtype and shape, {t.dtype} {tuple(t.shape)}, got " \
             f"{getattr(got, 'dtype', None)} {tuple(getattr(got, 'shape', ()))}"
         if bound is not None:
-            check_precision(got, expected, bound[0], f"{what}: {label}", convention, nan_convention, moved=bound[1])
+            baseline, moved = bound
+            check_precision(got, expected, baseline, f"{what}: {label}", convention, nan_convention, moved=moved)
             continue
         size = max(1.0, expected.abs().max().item())
         index = "key" if label in ("dk", "dv") else "query"
@@ -296,11 +297,11 @@ def check_precision(got, expected, baseline, what: str, convention: str = "", na
     err = (got.double() - target).abs().max().item()
     near = (target.to(got.dtype) + 0.3 - 0.3).double()  # rounded at 0.3 and back, in got's dtype
     bound = 2 * (baseline.double() - expected).abs().max().item() + 2 * (near - target).abs().max().item()
+    dtype = str(got.dtype)[6:]
     if os.environ.get("KATA_PRECISION_LOG"):
         with open(os.environ["KATA_PRECISION_LOG"], "a", encoding="utf-8") as log:
             log.write(json.dumps(dict(test=os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], what=what,
-                                      dtype=str(got.dtype)[6:], err=err, bound=bound)) + "\n")
-    dtype = str(got.dtype)[6:]
+                                      dtype=dtype, err=err, bound=bound)) + "\n")
     against = "float64" if moved is None else f"float64 with D = rowsum(dO ∘ O) read from O as stored in {dtype}"
     assert err <= bound, (f"{what}: max error {err:.3g} against {against}, over the bound {bound:.3g} (twice "
                           f"PyTorch's own error in {dtype}, plus rounding)"

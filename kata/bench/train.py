@@ -4,20 +4,20 @@
                                    [--dropout P] [--accuracy-steps A] [--plot PATH] [--no-plot]
 
 Every cell trains the model that `python grader.py train` trains on a GPU (kata/tools/train.py's GPU
-sizes, attention dropout P = 0.1, GPT-2's) on rows of the needle task, B·n = T tokens a step (B = T // n), bf16
-autocast, AdamW: W steps of warm-up (the kernels compile), then S timed steps. The attention layer
-is, in turn: standard attention written in PyTorch (the n × n scores and probabilities in HBM,
-dropout a pass of its own), SDPA (PyTorch's dispatch, which picks its fastest backend for these
-inputs) and exercise 15's layer in the target folder (on the solved 13 and 14, as `python grader.py
-train` runs it). The table gives tokens per second, the peak memory of the timed steps
-(torch.cuda.max_memory_allocated: weights, AdamW's state and the activations) and the ratios against
-standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
+sizes, attention dropout P = 0.1, GPT-2's) on rows of the needle task, B·n = T tokens a step (B = T
+// n), bf16 autocast, AdamW: W steps of warm-up (the kernels compile), then S timed steps. The
+attention layer is, in turn: standard attention written in PyTorch (the n × n scores and
+probabilities in HBM, dropout a pass of its own), SDPA (PyTorch's dispatch, which picks its fastest
+backend for these inputs) and exercise 15's layer in the target folder (on the solved 13 and 14, as
+`python grader.py train` runs it). The table gives tokens per second, the peak memory of the timed
+steps (torch.cuda.max_memory_allocated: weights, AdamW's state and the activations) and the ratios
+against standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
 benchmark goes on. Then, at each n where exercise 15's layer fits, the long-range task's accuracy
 (kata/given/needle.py, chance 1/8) of the model trained A steps with that layer by the training loop
 of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast, and
 scored on held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long
-contexts see few rows a step, and may stay at chance in A steps; `python grader.py train --context
-n --steps ...` trains one n for longer.
+contexts see few rows a step, and may stay at chance in A steps; `python grader.py train --context n
+--steps ...` trains one n for longer.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=STEPS, help="timed steps a cell (default %(default)s)")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps first (default %(default)s)")
     p.add_argument("--dropout", type=float, default=DROPOUT,
-                   help="attention dropout, every method's (default %(default)s, GPT-2's; 0: the kernels draw no mask)")
+                   help="attention dropout, every method's (default %(default)s, GPT-2's; 0: no mask drawn)")
     p.add_argument("--accuracy-steps", type=int, default=ACCURACY_STEPS,
                    help="training steps before the accuracy at each n (0: no accuracy; default %(default)s)")
     p.add_argument("--plot", type=Path, default=Path("bench_train.png"), help="where the plot goes (needs matplotlib)")
@@ -228,7 +228,8 @@ def summary(rows: list[dict], mine: str) -> list[str]:
     if beyond:
         lines.append(f"standard attention runs out of memory at n = {', '.join(str(r['n']) for r in beyond)}; "
                      f"{mine} trains there")
-        reached = [f"{r['accuracy']['accuracy']:.1%} at {r['n']}" for r in beyond if "accuracy" in r.get("accuracy", {})]
+        reached = [f"{r['accuracy']['accuracy']:.1%} at {r['n']}" for r in beyond
+                   if "accuracy" in r.get("accuracy", {})]
         if reached:
             lines.append(f"{mine}'s long-range accuracy there: {', '.join(reached)} (chance {needle.CHANCE:.1%})")
     return lines
