@@ -7,10 +7,13 @@ batch·head p // cdiv(n_rows, BLOCK) and block p % cdiv(n_rows, BLOCK) of its ro
 
 The tiles: below TUNE_ABOVE scores a launch runs the fixed tile sizes its exercise chooses, since
 autotuning compiles and times every config once per shape and that costs more than it saves on a
-small problem; above it, the autotuned kernel picks the fastest config for (n_q, n_k, HEAD_DIM,
-CAUSAL, PRECISION), the kernels' arguments of those names (float32 in full float32 runs another
-kernel than in TF32). Triton's interpreter always runs the fixed tiles.
+small problem; above it, the autotuned kernel picks the fastest config for n_q, n_k and every
+constexpr argument its configs do not set (HEAD_DIM, CAUSAL, PRECISION, 14's DROPOUT): each value
+of one compiles another kernel (float32 in full runs another kernel than in TF32, the forward with
+a mask to draw six times the instructions of one without), whose fastest tiles may differ. Triton's
+interpreter always runs the fixed tiles.
 """
+import inspect
 import os
 
 import triton
@@ -46,9 +49,18 @@ def fitting(configs, named_args, **kwargs):
 
 
 def autotuned(kernel, configs: list):
-    """`kernel` tuned over `configs` once per (n_q, n_k, HEAD_DIM, CAUSAL, PRECISION), skipping those that do not fit."""
-    return triton.autotune(configs, key=["n_q", "n_k", "HEAD_DIM", "CAUSAL", "PRECISION"],
+    """`kernel` tuned over `configs` once per value of tuning_key(kernel, configs), skipping those that do not fit."""
+    return triton.autotune(configs, key=tuning_key(kernel, configs),
                            prune_configs_by={"early_config_prune": fitting})(kernel)
+
+
+def tuning_key(kernel, configs: list) -> list[str]:
+    """n_q, n_k and the kernel's constexpr arguments that no config sets: what a tuned config is kept for."""
+    tiles = {name for config in configs for name in config.kwargs}
+    # Read from the Python function: compiled and interpreted kernels both keep it as .fn. A constexpr's
+    # annotation names constexpr, as a class or a string (Triton's own test, KernelParam.is_constexpr).
+    arguments = inspect.signature(kernel.fn).parameters.values()
+    return ["n_q", "n_k", *(a.name for a in arguments if "constexpr" in str(a.annotation) and a.name not in tiles)]
 
 
 def launch(kernel, tuned, args: tuple, *, rows: int, block: str, batch_heads: int, scores: int, fixed: dict,
