@@ -14,8 +14,9 @@ steps (torch.cuda.max_memory_allocated: weights, AdamW's state and the activatio
 against standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
 benchmark goes on. Then, at each n where exercise 15's layer fits, the long-range task's accuracy
 (kata/given/needle.py, chance 1/8) of the model trained A steps with that layer by the training loop
-of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast, and
-scored on held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long
+of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast, on the
+answers' loss alone (needle.answers_only: on every token's, the filler drowns the answer at long n),
+and scored on held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long
 contexts see few rows a step, and may stay at chance in A steps; `python grader.py train --context n
 --steps ...` trains one n for longer.
 """
@@ -134,14 +135,15 @@ def new_model(torch, attention, n: int, size: dict, device: str):
 
 def accuracy_cell(torch, attention, n: int, B: int, size: dict, steps: int, device: str, dtype) -> dict:
     """{'accuracy', 'loss'}: the model trained `steps` steps by kata/given/train.py's loop on fresh
-    needle rows, B a step, under `dtype` autocast; then its accuracy on EVAL_ROWS held-out rows."""
+    needle rows, B a step, under `dtype` autocast, on the answers' loss alone; then its accuracy on
+    EVAL_ROWS held-out rows."""
     from kata.given.train import train
     model = new_model(torch, attention, n, size, device)
     data = np.random.default_rng(n)
     held_out = needle.rows(np.random.default_rng(n + 1), EVAL_ROWS, n).to(device)
     with torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
-        last = train(model, lambda step: needle.as_batch(needle.rows(data, B, n).to(device)), steps, LR, steps,
-                     lambda progress: None, lambda m: needle.accuracy(m, held_out, B))
+        last = train(model, lambda step: needle.answers_only(needle.as_batch(needle.rows(data, B, n).to(device))),
+                     steps, LR, steps, lambda progress: None, lambda m: needle.accuracy(m, held_out, B))
     return {"accuracy": last.accuracy, "loss": last.loss}
 
 

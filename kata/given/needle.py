@@ -11,7 +11,15 @@ n − 2. Predicting the answer is the long-range task: a model that attends only
 sees the needle with probability about w/n and is at chance (1/8) otherwise; one that attends the
 whole context finds it (the paper's Path-X argument, section 4.2: chance until the context holds the
 whole problem). Every document comes from a seed: the same seed, the same documents.
+
+A language model's loss weighs the answer as one target of n − 1, and at long n the filler's
+gradient drowns it. Measured on the CPU with torch's attention, 16 rows a step: the model `python
+grader.py train` trains on a GPU (4 layers, width 128) stays at chance for 1,000 steps at n = 64 on
+every target's loss, and finds the needle in 150 steps at n = 256 on the answer's loss alone.
+answers_only keeps the answers' targets alone, as fine-tuning leaves the prompt out of its loss.
 """
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -52,6 +60,12 @@ def rows(rng: np.random.Generator, batch: int, n: int) -> torch.Tensor:
 def as_batch(rows: torch.Tensor) -> Batch:
     """Rows of whole documents (B, n) as a training batch: each token's target is the next, the last none."""
     return Batch(rows, torch.cat([rows[:, 1:], torch.full_like(rows[:, :1], IGNORE)], dim=1))
+
+
+def answers_only(batch: Batch) -> Batch:
+    """The batch with every target but the answers' (the token after each QUESTION) IGNOREd: the
+    long-range task's loss alone, for rows of whole documents and packed rows alike."""
+    return replace(batch, targets=torch.where(batch.tokens == QUESTION, batch.targets, IGNORE))
 
 
 def answers(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

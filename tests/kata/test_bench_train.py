@@ -13,6 +13,8 @@ from kata.exercises import SOLUTIONS_DIR
 from kata.gpu import triton_missing
 
 torch = pytest.importorskip("torch")
+from kata.given import needle  # noqa: E402 - needle needs torch
+from kata.given.gpt import IGNORE  # noqa: E402
 NAMES = [STANDARD, SDPA, REFERENCE]
 TINY = dict(layers=1, heads=2, embd=16, dropout=0.1)
 
@@ -123,9 +125,12 @@ def test_accuracy_is_a_column_and_named_where_standard_cannot_fit():
     assert "accuracy" not in report(rows(), NAMES, REFERENCE)
 
 
-def test_accuracy_trains_where_the_layer_fits_and_measures_held_out_rows():
+def test_accuracy_trains_where_the_layer_fits_and_measures_held_out_rows(monkeypatch):
     """Tiny real models on the CPU, two steps: an accuracy over the EVAL_ROWS held-out rows (a multiple
-    of 1/EVAL_ROWS), after a loss; a context where the layer ran out of memory is not trained."""
+    of 1/EVAL_ROWS), after a loss on the answers alone (every token's drowns them at long n); a context
+    where the layer ran out of memory is not trained."""
+    answers_only, trained = needle.answers_only, []
+    monkeypatch.setattr(needle, "answers_only", lambda batch: trained.append(answers_only(batch)) or trained[-1])
     layer = torch_layer(lambda q, k, v, p: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
     got = [{"n": 32, "B": 2, SDPA: {"tokens_s": 1.0}}, {"n": 64, "B": 1, SDPA: {"note": "OOM"}}]
     said = []
@@ -134,6 +139,7 @@ def test_accuracy_trains_where_the_layer_fits_and_measures_held_out_rows():
     accuracy = got[0]["accuracy"]["accuracy"]
     assert 0.0 <= accuracy <= 1.0 and (accuracy * EVAL_ROWS).is_integer() and 2.0 < got[0]["accuracy"]["loss"] < 5.0
     assert got[1]["accuracy"] == {"note": "-"} and said == [f"n=32: sdpa trained 2 steps, accuracy {accuracy:.1%}"]
+    assert len(trained) == 2 and all((b.targets != IGNORE).sum() == 2 for b in trained)
 
 
 @pytest.mark.parametrize("measured", [rows, with_accuracy], ids=["speed", "speed-and-accuracy"])

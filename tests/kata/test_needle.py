@@ -43,3 +43,18 @@ def test_the_walk_is_the_recurrence_from_the_same_draws(n):
             walk.append((5 * walk[-1] + int(flip)) % needle.FILLER)
         doc = needle.document(np.random.default_rng(seed), n).numpy()
         assert np.delete(doc[:-2], np.flatnonzero(doc[:-2] >= needle.NEEDLES)).tolist() == walk
+
+
+def test_answers_only_keeps_each_documents_answer_and_nothing_else():
+    """The needle's position kept instead of the answer's, the filler's targets kept, or only the
+    row's last answer in a packed row: the long-range task's loss would not be the task's alone."""
+    rows = needle.rows(np.random.default_rng(3), 4, 50)
+    got = needle.answers_only(needle.as_batch(rows))
+    kept = got.targets != needle.IGNORE
+    assert kept[:, -2].all() and kept.sum() == 4 and torch.equal(got.targets[:, -2], rows[:, -1])
+    assert torch.equal(got.tokens, rows)
+    documents = needle.documents(np.random.default_rng(4), 3, 8, 20)
+    packed = needle.answers_only(needle.as_batch(torch.cat(documents)[None]))
+    ends = torch.tensor([len(d) for d in documents]).cumsum(0)
+    assert (packed.targets != needle.IGNORE).nonzero()[:, 1].tolist() == (ends - 2).tolist()
+    assert packed.targets[0, ends - 2].tolist() == [int(d[-1]) for d in documents]

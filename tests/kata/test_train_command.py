@@ -34,6 +34,17 @@ def test_progress_each_step_then_the_final_numbers(pack):
     assert lines[5].startswith("Done: 2 steps, loss ") and "(chance 12.5%)" in lines[5], lines[5]
 
 
+@pytest.mark.parametrize("loss", ["answers", "all"])
+def test_the_loss_asked_for_is_the_one_trained_and_named(loss):
+    """--loss answers trains on the answers' targets alone (at long contexts every token's drowns them),
+    all on every token's, the CPU's default; the header says which."""
+    done = train(*TINY, "--pack", "--loss", loss)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    said = "the loss of the answers alone" if loss == "answers" else "the loss of every token"
+    assert said in done.stdout.splitlines()[0]
+    assert "the loss of every token" in train(*TINY).stdout.splitlines()[0]
+
+
 def test_pack_refuses_dropout():
     done = train(*TINY, "--pack", "--dropout", "0.1")
     assert done.returncode == 2 and "13's kernel has none" in done.stderr and "Traceback" not in done.stderr
