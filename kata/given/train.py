@@ -6,9 +6,12 @@ batch(step) gives the step's Batch (kata/given/gpt.py); the model takes the step
 seed, so that every step, and every layer, draws a mask of its own. The optimiser is nanoGPT's
 choice: AdamW with betas (0.9, 0.95), weight decay 0.1 on the matrices only, gradients clipped to
 norm 1, the learning rate warmed up linearly over the first tenth of the steps. Ctrl-C stops the
-loop between steps: train returns the Progress it had reached, marked stopped.
+loop at the end of the step it falls in (a second press at once): train returns the Progress it had
+reached, marked stopped.
 """
+import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,27 +39,54 @@ def train(model, batch, steps: int, lr: float, every: int, report, evaluate=None
     opt = optimizer(model, lr)
     warmup = max(1, steps // 10)
     last, tokens, busy = Progress(0, float("nan"), 0.0), 0, 0.0
-    try:
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            for group in opt.param_groups:
-                group["lr"] = lr * min(1.0, step / warmup)
-            b = batch(step)
-            model.train()
-            _, loss = model(b.tokens, b.targets, b.positions, b.doc_ids, seed=step)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            busy += time.perf_counter() - start
-            tokens += b.tokens.numel()
-            last = Progress(step, loss.item(), tokens / busy)
-            if step % every == 0 or step == steps:
-                last = replace(last, accuracy=_evaluate(model, evaluate))
-                report(last)
-    except KeyboardInterrupt:
-        return replace(last, stopped=True)
+    with _ctrl_c_kept() as pressed:
+        try:
+            for step in range(1, steps + 1):
+                start = time.perf_counter()
+                for group in opt.param_groups:
+                    group["lr"] = lr * min(1.0, step / warmup)
+                b = batch(step)
+                model.train()
+                _, loss = model(b.tokens, b.targets, b.positions, b.doc_ids, seed=step)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                busy += time.perf_counter() - start
+                tokens += b.tokens.numel()
+                last = Progress(step, loss.item(), tokens / busy)
+                if step % every == 0 or step == steps:
+                    last = replace(last, accuracy=_evaluate(model, evaluate))
+                    report(last)
+                if pressed():
+                    return replace(last, stopped=True)
+        except KeyboardInterrupt:
+            return replace(last, stopped=True)
     return last
+
+
+@contextmanager
+def _ctrl_c_kept():
+    """Yields pressed() -> whether Ctrl-C came, the loop to stop at the end of its step. Left to raise
+    KeyboardInterrupt wherever Python is, the first press can be lost (raised in a finaliser, it is
+    printed and dropped) and training runs on; a second press raises it. Only the main thread can
+    take the signal: elsewhere Ctrl-C keeps Python's own handling."""
+    presses = []
+
+    def handler(signum, frame):
+        presses.append(signum)
+        if len(presses) > 1:
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(presses)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _evaluate(model, evaluate) -> float | None:

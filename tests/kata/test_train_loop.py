@@ -1,0 +1,70 @@
+"""The training loop every GPT of exercise 15 runs (kata/given/train.py): Ctrl-C, on a model too small
+to need the kernels."""
+import os
+import signal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from kata.given.gpt import Batch  # noqa: E402 - gpt needs torch
+from kata.given.train import train  # noqa: E402
+
+STEPS = 5
+
+
+class Tiny(torch.nn.Module):
+    """A model of the loop's interface: model(tokens, targets, positions, doc_ids, seed) -> (logits, loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, tokens, targets, positions=None, doc_ids=None, seed=0):
+        return None, (self.w ** 2).sum()
+
+
+class Finaliser:
+    """Ctrl-C pressed while Python runs a finaliser: the KeyboardInterrupt raised there is printed and
+    dropped, as it can be in any library's __del__ at the moment a learner presses it."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))  # the handler runs at the interpreter's next check, still in here
+
+
+def presses(at: int, count: int = 1, where=lambda: os.kill(os.getpid(), signal.SIGINT)):
+    """A batch function that presses Ctrl-C `count` times at step `at`."""
+    def batch(step):
+        if step == at:
+            for _ in range(count):
+                where()
+        return Batch(torch.zeros(1, 1), torch.zeros(1, 1))
+    return batch
+
+
+def run(batch):
+    seen = []
+    last = train(Tiny(), batch, STEPS, 0.1, 1, seen.append)
+    return last, [p.step for p in seen]
+
+
+@pytest.mark.parametrize("where", ["plain", "in a finaliser"])
+def test_ctrl_c_stops_at_the_end_of_its_step(where):
+    """The step it falls in is finished and reported, then the loop stops, marked stopped: also when it
+    falls in a finaliser, where a KeyboardInterrupt is lost and training went on to the end."""
+    press = (lambda: Finaliser()) if where == "in a finaliser" else (lambda: os.kill(os.getpid(), signal.SIGINT))
+    before = signal.getsignal(signal.SIGINT)
+    last, reported = run(presses(2, where=press))
+    assert (last.step, last.stopped, reported) == (2, True, [1, 2])
+    assert signal.getsignal(signal.SIGINT) is before, "Ctrl-C's handler is not given back after training"
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    """Pressed twice, the loop does not wait for the step's end: the last step finished is returned."""
+    last, reported = run(presses(3, count=2))
+    assert (last.step, last.stopped, reported) == (2, True, [1, 2])
+
+
+def test_without_ctrl_c_every_step_runs():
+    last, reported = run(presses(at=0))
+    assert (last.step, last.stopped, reported) == (STEPS, False, list(range(1, STEPS + 1)))
