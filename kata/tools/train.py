@@ -21,6 +21,7 @@ EXERCISE = "15"
 # needle near step 300 (93% at 300, 100% at 400; at 8 rows a step, not by 500); the interpreter takes 1-2 s a step.
 CPU = dict(context=32, batch=16, layers=1, heads=2, embd=64, steps=400, lr=1e-2, every=20, loss="all")
 # At long contexts every token's loss drowns the answer's (kata/given/needle.py): the GPU's trains on the answers'.
+# This model on the CPU, torch's attention, at 1024 tokens and 8 rows a step: 48% at step 200, 78% at 275.
 GPU = dict(context=4096, batch=8, layers=4, heads=4, embd=128, steps=2000, lr=3e-3, every=100, loss="answers")
 EVAL_ROWS = 64  # rows of the held-out set the accuracy is measured on
 
