@@ -10,8 +10,8 @@ autotuning compiles and times every config once per shape and that costs more th
 small problem; above it, the autotuned kernel picks the fastest config for n_q, n_k and every
 constexpr argument its configs do not set (HEAD_DIM, CAUSAL, PRECISION, 14's DROPOUT): each value
 of one compiles another kernel (float32 in full runs another kernel than in TF32, the forward with
-a mask to draw six times the instructions of one without), whose fastest tiles may differ. Triton's
-interpreter always runs the fixed tiles.
+a mask to draw five times the PTX instructions of one without), whose fastest tiles may differ.
+Triton's interpreter always runs the fixed tiles.
 """
 import inspect
 import os

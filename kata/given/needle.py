@@ -13,7 +13,7 @@ whole context finds it (the paper's Path-X argument, section 4.2: chance until t
 whole problem). Every document comes from a seed: the same seed, the same documents.
 
 A language model's loss weighs the answer as one target of n − 1, and at long n the filler's
-gradient drowns it. Measured on the CPU with torch's attention, 16 rows a step: the model `python
+gradient drowns it. Measured on the CPU in float32 with torch's attention, 16 rows a step: the model `python
 grader.py train` trains on a GPU (4 layers, width 128) stays at chance for 1,000 steps at n = 64 on
 every target's loss, and finds the needle in 150 steps at n = 256 on the answer's loss alone.
 answers_only keeps the answers' targets alone, as fine-tuning leaves the prompt out of its loss.

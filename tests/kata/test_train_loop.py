@@ -23,16 +23,20 @@ class Tiny(torch.nn.Module):
         return None, (self.w ** 2).sum()
 
 
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 class Finaliser:
     """Ctrl-C pressed while Python runs a finaliser: the KeyboardInterrupt raised there is printed and
     dropped, as it can be in any library's __del__ at the moment a learner presses it."""
 
     def __del__(self):
-        os.kill(os.getpid(), signal.SIGINT)
+        ctrl_c()
         sum(range(1000))  # the handler runs at the interpreter's next check, still in here
 
 
-def presses(at: int, count: int = 1, where=lambda: os.kill(os.getpid(), signal.SIGINT)):
+def presses(at: int, count: int = 1, where=ctrl_c):
     """A batch function that presses Ctrl-C `count` times at step `at`."""
     def batch(step):
         if step == at:
@@ -52,9 +56,8 @@ def run(batch):
 def test_ctrl_c_stops_at_the_end_of_its_step(where):
     """The step it falls in is finished and reported, then the loop stops, marked stopped: also when it
     falls in a finaliser, where a KeyboardInterrupt is lost and training went on to the end."""
-    press = (lambda: Finaliser()) if where == "in a finaliser" else (lambda: os.kill(os.getpid(), signal.SIGINT))
     before = signal.getsignal(signal.SIGINT)
-    last, reported = run(presses(2, where=press))
+    last, reported = run(presses(2, where=Finaliser if where == "in a finaliser" else ctrl_c))
     assert (last.step, last.stopped, reported) == (2, True, [1, 2])
     assert signal.getsignal(signal.SIGINT) is before, "Ctrl-C's handler is not given back after training"
 
