@@ -24,6 +24,18 @@ def bf16_missing(torch) -> str | None:
             f"{torch.cuda.get_device_name()} is {capability[0]}.{capability[1]}")
 
 
+def out_of_memory(error: BaseException) -> str | None:
+    """One line for a GPU that ran out of memory (torch's OutOfMemoryError, or Triton's launch error),
+    or None for any other error. The GPU is shared: pytest -n's workers and other programs hold
+    memory too, so the line says how to tell their share from the code's own."""
+    text = str(error)
+    if "out of memory" not in text.lower():
+        return None
+    said = ". ".join(text.split(". ")[:3]).rstrip(".")  # torch's: what it asked for, what was free
+    return (f"the GPU ran out of memory ({said}). Other processes on the card hold memory too, pytest -n's "
+            f"workers among them: rerun this test alone before reading it as a bug in the code under test.")
+
+
 def nvidia_gpus() -> list[str]:
     """The GPUs `nvidia-smi -L` lists by name; [] without nvidia-smi, or when it fails."""
     exe = shutil.which("nvidia-smi")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kata.gpu import out_of_memory
 from kata.unfinished import error_chain, mentions_not_implemented
 
 MAX_LINES, MAX_CHARS, MAX_STDOUT = 12, 1500, 500  # what a learner is shown of one failure
@@ -64,6 +65,8 @@ def message_of(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg}"
     inner = error_chain(exc)[-1]  # the learner's own error, not the wrapper around it
+    if line := out_of_memory(inner):
+        return line
     text = str(inner)
     return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
 

@@ -195,3 +195,13 @@ def test_triton_imported_before_triton_helpers_still_loads_in_the_decided_mode()
     assert done.returncode == 0, done.stderr[-3000:]
     loaded_interpreted, tests_interpreted = json.loads(done.stdout.splitlines()[-1])
     assert loaded_interpreted == tests_interpreted
+
+
+@pytest.mark.parametrize("error, said", [
+    (RuntimeError("Triton Error [CUDA]: out of memory"), "the GPU ran out of memory (Triton Error [CUDA]: out of memory)"),
+    (ValueError("q must be 4-D"), None),
+])
+def test_only_an_out_of_memory_error_is_read_as_one(error, said):
+    """Triton's launch says it in other words than torch's allocator; an error of the code's own stays its own."""
+    line = gpu.out_of_memory(error)
+    assert (line if line is None else line.split(". Other")[0]) == said

@@ -157,3 +157,26 @@ def test_the_grader_counts_the_tests_pytest_counts(tmp_path):
                                        cwd=ROOT, capture_output=True, text=True, timeout=300).stdout)
     row = graded["exercises"][0]
     assert passed and row["passed"] == row["total"] == int(passed.group(1)), (ran.stdout[-500:], row)
+
+
+OOM = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.18 GiB of which 3.00 GiB "
+       "is free. Process 3700 has 28.32 GiB memory in use. Of the allocated memory 8.40 GiB is allocated by PyTorch")
+
+
+def test_a_gpu_out_of_memory_is_one_line_that_says_the_card_is_shared(tmp_path):
+    """pytest -n 8 on one 80 GB card: one worker's tensors ran another's test out of memory, and the
+    learner read a 40-line traceback ending in torch's allocator advice as a bug in their kernel."""
+    pytest.importorskip("torch")
+    exercise = find("01")
+    source = (SOLUTIONS_DIR / exercise.filename).read_text(encoding="utf-8")
+    (tmp_path / exercise.filename).write_text(
+        source + f"\n\ndef safe_softmax(x):\n    import torch\n    raise torch.cuda.OutOfMemoryError({OOM!r})\n",
+        encoding="utf-8")
+    ran = subprocess.run([sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(tmp_path), "-q",
+                          "-x", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    report = subprocess.run([sys.executable, "grader.py", "01", "--target", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120).stdout
+    line = ("the GPU ran out of memory (CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity "
+            "of 79.18 GiB of which 3.00 GiB is free). Other processes on the card hold memory too")
+    for out in (ran.stdout, report):
+        assert line in " ".join(out.split()) and "Traceback" not in out and "Process 3700" not in out, out[-3000:]
