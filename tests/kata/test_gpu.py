@@ -205,3 +205,16 @@ def test_only_an_out_of_memory_error_is_read_as_one(error, said):
     """Triton's launch says it in other words than torch's allocator; an error of the code's own stays its own."""
     line = gpu.out_of_memory(error)
     assert (line if line is None else line.split(". Other")[0]) == said
+
+
+@pytest.mark.parametrize("initialized, emptied", [(True, 1), (False, 0)])
+def test_each_test_gives_its_gpu_memory_back(monkeypatch, initialized, emptied):
+    """pytest -n 8 on one card: torch's caching allocator kept a finished test's 20 GiB in one worker
+    and the others ran out of memory. After each test the cache goes back, where CUDA is in use."""
+    import conftest
+    calls = []
+    cuda = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: initialized,
+                           empty_cache=lambda: calls.append("empty_cache"))
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    conftest.pytest_runtest_teardown(None)
+    assert len(calls) == emptied
