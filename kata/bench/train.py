@@ -5,20 +5,21 @@
 
 Every cell trains the model that `python grader.py train` trains on a GPU (kata/tools/train.py's GPU
 sizes, attention dropout P = 0.1, GPT-2's) on rows of the needle task, B·n = T tokens a step (B = T
-// n), bf16 autocast, AdamW: W steps of warm-up (the kernels compile), then S timed steps. The
-attention layer is, in turn: standard attention written in PyTorch (the n × n scores and
-probabilities in HBM, dropout a pass of its own), SDPA (PyTorch's dispatch, which picks its fastest
-backend for these inputs) and exercise 15's layer in the target folder (on the solved 13 and 14, as
-`python grader.py train` runs it). The table gives tokens per second, the peak memory of the timed
-steps (torch.cuda.max_memory_allocated: weights, AdamW's state and the activations) and the ratios
-against standard attention and SDPA; a method that runs out of memory gets "OOM" in its cell and the
-benchmark goes on. Then, at each n where exercise 15's layer fits, the long-range task's accuracy
-(kata/given/needle.py, chance 1/8) of the model trained A steps with that layer by the training loop
-of `python grader.py train` (kata/given/train.py), B rows a step, under the same autocast, on the
-answers' loss alone (needle.answers_only: on every token's, the filler drowns the answer at long n),
-and scored on held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long
-contexts see few rows a step, and may stay at chance in A steps; `python grader.py train --context n
---steps ...` trains one n for longer.
+// n), bf16 autocast (the q, k, v product in float32: kata/given/gpt.py's Float32Linear), AdamW: W
+steps of warm-up (the kernels compile), then S timed steps. The attention layer is, in turn:
+standard attention written in PyTorch (the n × n scores and probabilities in HBM, dropout a pass of
+its own), SDPA (PyTorch's dispatch, which picks its fastest backend for these inputs) and exercise
+15's layer in the target folder (on the solved 13 and 14, as `python grader.py train` runs it). The
+table gives tokens per second, the peak memory of the timed steps (torch.cuda.max_memory_allocated:
+weights, AdamW's state and the activations) and the ratios against standard attention and SDPA; a
+method that runs out of memory gets "OOM" in its cell and the benchmark goes on. Then, at each n
+where exercise 15's layer fits, the long-range task's accuracy (kata/given/needle.py, chance 1/8) of
+the model trained A steps with that layer by the training loop of `python grader.py train`
+(kata/given/train.py), B rows a step, under the same autocast, on the answers' loss alone
+(needle.answers_only: on every token's, the filler drowns the answer at long n), and scored on
+held-out rows. A fixed budget of steps, not training to the end: at B·n fixed the long contexts see
+few rows a step, and may stay at chance in A steps; `python grader.py train --context n --steps ...`
+trains one n for longer.
 """
 from __future__ import annotations
 
