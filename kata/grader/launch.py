@@ -54,7 +54,8 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
                                 stdout=out, stderr=out, start_new_session=hasattr(os, "killpg"))
     context = multiprocessing.get_context("forkserver")
     writer = Connection(os.dup(out), readable=False)  # sent to the forked process with the call
-    process = context.Process(target=_pytest_main, args=(args, env, writer), name="kata-pytest")
+    status, status_writer = context.Pipe(duplex=False)
+    process = context.Process(target=_pytest_main, args=(args, env, writer, status_writer), name="kata-pytest")
     try:
         with _START:
             # torch sizes its thread pool as it loads, in the server, which starts with this process's
@@ -65,34 +66,48 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
             context.set_forkserver_preload(PRELOAD)  # read when the first start starts the server
             process.start()
     except (EOFError, OSError):  # the server died importing (a broken install): the test process says how
+        status.close()
         return start(args, env, out, forked=False)
     finally:
         writer.close()
+        status_writer.close()  # the forked process holds the only writer: its end is the status's end
     _UP.set()
-    return Forked(process)
+    return Forked(process, status)
 
 
 class Forked:
-    """A forked test process, with the part of subprocess.Popen's interface the runner uses."""
+    """A forked test process, with the part of subprocess.Popen's interface the runner uses.
 
-    def __init__(self, process: multiprocessing.Process):
-        self.process, self.pid = process, process.pid
+    Its exit code is the one pytest returned, sent by the process itself through `status`.
+    multiprocessing reads a forked process's exit status from the fork server, and where it cannot
+    (the server gone meanwhile) it says 255 at once, the process still running: a correct solution's
+    trial was rejected so ("error (pytest exit 255): 56 passed"). Only a process that ends without
+    sending one (killed, or os._exit in a test) gets its code from multiprocessing."""
+
+    def __init__(self, process: multiprocessing.Process, status: Connection):
+        self.process, self.pid, self.status = process, process.pid, status
+        self.code: int | None = None
 
     @property
     def returncode(self) -> int | None:
-        return self.process.exitcode  # negative for a signal, as Popen's
+        if self.code is None and self.status.poll():
+            try:
+                self.code = self.status.recv()
+            except EOFError:
+                self.process.join()
+                self.code = self.process.exitcode  # negative for a signal, as Popen's
+        return self.code
 
     def wait(self, timeout: float | None = None) -> int:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
+        if not self.status.poll(timeout):  # neither a code nor the end of the process yet
             raise subprocess.TimeoutExpired("pytest", timeout)
-        return self.process.exitcode
+        return self.returncode
 
     def kill(self) -> None:
         self.process.kill()
 
 
-def _pytest_main(args: list[str], env: dict[str, str], writer: Connection) -> None:
+def _pytest_main(args: list[str], env: dict[str, str], writer: Connection, status: Connection) -> None:
     """In the forked process: become what `python -m pytest ARGS` started by Popen would be."""
     gc.freeze()  # what the server imported is never garbage: pytest's collections at exit skip it
     os.setsid()  # a session of its own: a timeout ends pytest and whatever it started, as with Popen
@@ -109,7 +124,8 @@ def _pytest_main(args: list[str], env: dict[str, str], writer: Connection) -> No
     sys.path.insert(0, str(ROOT))  # as `python -m` puts the working folder first
     import pytest
     try:
-        code = pytest.main(args)
+        code = int(pytest.main(args))
     finally:
         atexit._run_exitfuncs()  # a forked process ends with os._exit: run what a normal exit runs
-    sys.exit(int(code))
+    status.send(code)
+    sys.exit(code)

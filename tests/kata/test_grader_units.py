@@ -1,18 +1,23 @@
 """The grader's pieces in-process: status rules, the report's layout, backups, the plugin's functions."""
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
 
 from kata import gpu
-from kata.grader import progress, reset
+from kata.grader import launch, progress, reset
 from kata.exercises import EXERCISES, ROOT, format_numbers, numbers_where
 from kata.grader.pytest_plugin import cap
 from kata.unfinished import mentions_not_implemented
 from kata.grader.report import details, summary
 from kata.grader.results import Failure, classify
+from kata.grader.runner import process_environment, run_pytest
 
 FINISH = {"event": "finish", "exitstatus": 1}
 LONG = ("tiled_attention(q (37, 16) float32, k (41, 16) float32, block_q 8, block_k 16, causal): "
@@ -243,3 +248,29 @@ def test_a_gpu_torch_cannot_use_is_named_in_the_report():
     text = summary(rows, "exercises/")
     assert "the GPU tests were skipped:" in text and "Fix: install a CUDA build of torch" in " ".join(text.split())
     assert max(map(len, text.splitlines())) <= 80, text
+
+
+@pytest.mark.skipif(not launch.can_fork(), reason="no fork server without fork (Windows)")
+@pytest.mark.parametrize("test_body, server_goes, code", [
+    ("pass", True, 0), ("assert False", True, 1), ("os._exit(7)", False, 7)])
+def test_a_forked_run_keeps_its_exit_code_when_the_fork_server_goes(tmp_path, test_body, server_goes, code):
+    """multiprocessing reads a forked process's exit status from the fork server, and says 255 at once
+    when the server has gone, the process still running: a correct solution's trial was rejected so
+    ("error (pytest exit 255): 56 passed"). The code is pytest's; a process that sends none (os._exit
+    in a test) gets the server's word for it."""
+    started = tmp_path / "started"
+    test = tmp_path / "test_slow.py"
+    test.write_text(f"import os, time\nfrom pathlib import Path\n\n\ndef test_slow():\n"
+                    f"    Path({str(started)!r}).touch()\n    time.sleep(1)\n    {test_body}\n")
+    ran = {}
+    thread = threading.Thread(target=lambda: ran.update(result=run_pytest(
+        [str(test), "-q", "-p", "no:cacheprovider"], 120, True, process_environment())))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if server_goes:
+        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+    thread.join(120)
+    returncode, output, killed, _ = ran["result"]
+    assert (returncode, killed) == (code, False), output
