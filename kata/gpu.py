@@ -28,10 +28,10 @@ def out_of_memory(error: BaseException) -> str | None:
     """One line for a GPU that ran out of memory (torch's OutOfMemoryError, or Triton's launch error),
     or None for any other error. The GPU is shared: pytest -n's workers and other programs hold
     memory too, so the line says how to tell their share from the code's own."""
-    text = str(error)
-    if "out of memory" not in text.lower():
+    line = next((line for line in str(error).splitlines() if "out of memory" in line.lower()), None)
+    if line is None:
         return None
-    said = ". ".join(text.split(". ")[:3]).rstrip(".")  # torch's: what it asked for, what was free
+    said = ". ".join(line.strip().split(". ")[:3]).rstrip(".")  # torch's: what it asked for, what was free
     return (f"the GPU ran out of memory ({said}). Other processes on the card hold memory too, pytest -n's "
             f"workers among them: rerun this test alone before reading it as a bug in the code under test.")
 

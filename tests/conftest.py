@@ -4,6 +4,7 @@
 01_safe_softmax.py) loaded from the target folder: exercises/ by default, solutions/ with
 --solutions, any folder with --target DIR or KATA_TARGET=DIR.
 """
+import gc
 import importlib.abc
 import os
 import secrets
@@ -115,18 +116,23 @@ def pytest_make_collect_report(collector):
     return report
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item):
-    """The GPU memory a test's tensors held goes back to the card: torch's caching allocator keeps it
-    otherwise, and pytest -n's workers, sharing one card, run each other out of memory."""
+    """Once the test's fixtures are gone, the GPU memory its tensors held goes back to the card:
+    torch's caching allocator keeps it otherwise, and pytest -n's workers, sharing one card, run each
+    other out of memory. gc first: a frame kept by an exception's traceback holds tensors in a cycle."""
+    result = yield
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch is not None and torch.cuda.is_initialized():
+        gc.collect()
         torch.cuda.empty_cache()
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if call.excinfo is None or report.passed:
+    if call.excinfo is None or not report.failed:
         return report
     if mentions_not_implemented(call.excinfo.value) or out_of_memory(error_chain(call.excinfo.value)[-1]):
         report.longrepr = message_of(call.excinfo.value)  # a stub or a full GPU is no bug: one line, no traceback

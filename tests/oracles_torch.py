@@ -69,7 +69,8 @@ def _in_slices(fn, q, *others, dim=0):
     """fn(q, *others) -> tensors with q's leading dims, run on slices of those dims so that no slice
     holds more than SLICE_SCORES scores, and concatenated: a GPU test at 4,096 tokens and 32 heads
     would otherwise hold 4 GiB a float64 score matrix, several of them in a backward. Each of `others`
-    (None, or a tensor broadcast against q's leading dims from the right) is sliced where it has the dim."""
+    (None, or a tensor broadcast against q's leading dims from the right) is sliced where it has the dim.
+    One (batch, head) is never cut: its scores are one slice, however many."""
     lead = q.dim() - 2
     per_index = q.shape[-2] * others[0].shape[-2] * math.prod(q.shape[dim + 1:lead])
     if dim >= lead or q.shape[dim] * per_index <= SLICE_SCORES:

@@ -12,12 +12,14 @@ there, a third of such a process's time.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing
 import os
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 
 from kata.exercises import ROOT
@@ -29,6 +31,7 @@ PRELOAD = ["numpy", "pytest", "torch", "torch.fx.experimental.symbolic_shapes"]
 # core each idle thread of torch's pool spins, taking a core from another test process (a tenth of a
 # --solutions run's CPU time on 2 cores). A thread count the user set is kept.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+LOST = 255  # multiprocessing's exit code for a forked process whose status the fork server did not send
 _START = threading.Lock()  # the runner's threads start processes one at a time
 _UP = threading.Event()  # set once the fork server has forked its first process: its imports are done
 
@@ -78,30 +81,32 @@ def start(args: list[str], env: dict[str, str], out: int, forked: bool):
 class Forked:
     """A forked test process, with the part of subprocess.Popen's interface the runner uses.
 
-    Its exit code is the one pytest returned, sent by the process itself through `status`.
     multiprocessing reads a forked process's exit status from the fork server, and where it cannot
-    (the server gone meanwhile) it says 255 at once, the process still running: a correct solution's
-    trial was rejected so ("error (pytest exit 255): 56 passed"). Only a process that ends without
-    sending one (killed, or os._exit in a test) gets its code from multiprocessing."""
+    (the server gone meanwhile) it says LOST at once, the process maybe still running: a correct
+    solution's trial was rejected so ("error (pytest exit 255): 56 passed"). Then the code is the one
+    the process sent through `status` as its last act, waited for within the same timeout; a process
+    that ends without sending one (killed, os._exit in a test) keeps LOST."""
 
     def __init__(self, process: multiprocessing.Process, status: Connection):
         self.process, self.pid, self.status = process, process.pid, status
-        self.code: int | None = None
-
-    @property
-    def returncode(self) -> int | None:
-        if self.code is None and self.status.poll():
-            try:
-                self.code = self.status.recv()
-            except EOFError:
-                self.process.join()
-                self.code = self.process.exitcode  # negative for a signal, as Popen's
-        return self.code
+        self.returncode: int | None = None
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self.status.poll(timeout):  # neither a code nor the end of the process yet
+        if self.returncode is not None:
+            return self.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.process.join(timeout)
+        code = self.process.exitcode  # negative for a signal, as Popen's
+        if code == LOST:
+            if not self.status.poll(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise subprocess.TimeoutExpired("pytest", timeout)
+            with contextlib.suppress(EOFError):
+                code = self.status.recv()
+        if code is None:
             raise subprocess.TimeoutExpired("pytest", timeout)
-        return self.returncode
+        self.status.close()
+        self.returncode = code
+        return code
 
     def kill(self) -> None:
         self.process.kill()
@@ -111,6 +116,7 @@ def _pytest_main(args: list[str], env: dict[str, str], writer: Connection, statu
     """In the forked process: become what `python -m pytest ARGS` started by Popen would be."""
     gc.freeze()  # what the server imported is never garbage: pytest's collections at exit skip it
     os.setsid()  # a session of its own: a timeout ends pytest and whatever it started, as with Popen
+    os.set_inheritable(status.fileno(), False)  # what the tests start by exec must not hold it open
     for fd in (1, 2):
         os.dup2(writer.fileno(), fd)
     writer.close()
@@ -127,5 +133,11 @@ def _pytest_main(args: list[str], env: dict[str, str], writer: Connection, statu
         code = int(pytest.main(args))
     finally:
         atexit._run_exitfuncs()  # a forked process ends with os._exit: run what a normal exit runs
+    # The code goes last, once what an exit waits for is done: the threads a test left, the output.
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    sys.stdout.flush()
+    sys.stderr.flush()
     status.send(code)
     sys.exit(code)

@@ -199,6 +199,8 @@ def test_triton_imported_before_triton_helpers_still_loads_in_the_decided_mode()
 
 @pytest.mark.parametrize("error, said", [
     (RuntimeError("Triton Error [CUDA]: out of memory"), "the GPU ran out of memory (Triton Error [CUDA]: out of memory)"),
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API "
+                  "call, so the stacktrace below might be incorrect."), "the GPU ran out of memory (CUDA error: out of memory)"),
     (ValueError("q must be 4-D"), None),
 ])
 def test_only_an_out_of_memory_error_is_read_as_one(error, said):
@@ -213,8 +215,11 @@ def test_each_test_gives_its_gpu_memory_back(monkeypatch, initialized, emptied):
     and the others ran out of memory. After each test the cache goes back, where CUDA is in use."""
     import conftest
     calls = []
-    cuda = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: initialized,
-                           empty_cache=lambda: calls.append("empty_cache"))
+    cuda = SimpleNamespace(is_initialized=lambda: initialized, empty_cache=lambda: calls.append("empty_cache"))
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
-    conftest.pytest_runtest_teardown(None)
-    assert len(calls) == emptied
+    teardown = conftest.pytest_runtest_teardown(None)
+    next(teardown)  # pytest's own teardown runs here: the test's fixtures go
+    calls.append("fixtures gone")
+    with pytest.raises(StopIteration):
+        teardown.send(None)
+    assert calls == ["fixtures gone"] + ["empty_cache"] * emptied

@@ -20,10 +20,15 @@ def inputs():
     return q, k, v, do, o, keep, z
 
 
-def both_ways(monkeypatch, oracle):
-    """oracle() in one pass, then in slices of one (batch, head) each: 2 scores a slice is under one head's."""
+# Scores a slice may hold: under one head's 54 (slices of one (batch, head)), and two batch rows' of
+# 4 heads (slices of 2 rows, then the last row alone).
+LIMITS = pytest.mark.parametrize("limit", [2, 2 * 4 * 6 * 9], ids=["heads", "rows"])
+
+
+def both_ways(monkeypatch, oracle, limit):
+    """oracle() in one pass, then in slices of at most `limit` scores."""
     whole = oracle()
-    monkeypatch.setattr(oracles_torch, "SLICE_SCORES", 2)
+    monkeypatch.setattr(oracles_torch, "SLICE_SCORES", limit)
     return whole, oracle()
 
 
@@ -32,22 +37,25 @@ def assert_same(whole, sliced):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
-def test_attention_in_slices_is_attention(monkeypatch):
+@LIMITS
+def test_attention_in_slices_is_attention(monkeypatch, limit):
     """Slices put back in the wrong order, a mask or dropout scale not sliced with its heads, or the
     kv head of a grouped query head lost in a slice: o or lse differ from one dense pass."""
     q, k, v, _, _, keep, z = inputs()
-    assert_same(*both_ways(monkeypatch, lambda: attention(q, k, v, keep=keep, causal=True, z=z)))
+    assert_same(*both_ways(monkeypatch, lambda: attention(q, k, v, keep=keep, causal=True, z=z), limit))
 
 
-def test_gradients_in_slices_are_the_gradients(monkeypatch):
+@LIMITS
+def test_gradients_in_slices_are_the_gradients(monkeypatch, limit):
     """A slice's gradient overwriting another's (a kv head is shared by two query heads, and by slices
     of both), or the graph freed after the first slice: dq, dk or dv differ from one dense pass."""
     q, k, v, do, _, keep, z = inputs()
-    assert_same(*both_ways(monkeypatch, lambda: attention_grads(q, k, v, do, keep=keep, z=z)))
+    assert_same(*both_ways(monkeypatch, lambda: attention_grads(q, k, v, do, keep=keep, z=z), limit))
 
 
-def test_stored_o_move_in_slices_is_the_move(monkeypatch):
+@LIMITS
+def test_stored_o_move_in_slices_is_the_move(monkeypatch, limit):
     """δD (one number a row) sliced other than its rows' queries: the move of dq and dk differs."""
     q, k, v, do, o, keep, _ = inputs()
     o_ref, _ = attention(q, k, v, keep=keep)
-    assert_same(*both_ways(monkeypatch, lambda: stored_o_grads(q, k, do, o, o_ref, keep=keep, causal=True)))
+    assert_same(*both_ways(monkeypatch, lambda: stored_o_grads(q, k, do, o, o_ref, keep=keep, causal=True), limit))

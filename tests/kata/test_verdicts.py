@@ -180,3 +180,16 @@ def test_a_gpu_out_of_memory_is_one_line_that_says_the_card_is_shared(tmp_path):
             "of 79.18 GiB of which 3.00 GiB is free). Other processes on the card hold memory too")
     for out in (ran.stdout, report):
         assert line in " ".join(out.split()) and "Traceback" not in out and "Process 3700" not in out, out[-3000:]
+
+
+def test_a_skip_that_mentions_memory_stays_a_skip(tmp_path):
+    """The out-of-memory line replaced every report's text where the error said so, a skip's too: pytest
+    -rs then stopped with an INTERNALERROR, as its summary reads a skip's text as a tuple."""
+    exercise = find("01")
+    source = (SOLUTIONS_DIR / exercise.filename).read_text(encoding="utf-8")
+    (tmp_path / exercise.filename).write_text(
+        source + "\n\ndef safe_softmax(x):\n    import pytest\n    pytest.skip('the GPU is out of memory')\n",
+        encoding="utf-8")
+    ran = subprocess.run([sys.executable, "-m", "pytest", str(exercise.test_file), "--target", str(tmp_path), "-q",
+                          "-rs", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "INTERNALERROR" not in ran.stdout + ran.stderr and " skipped" in ran.stdout, ran.stdout[-3000:]
