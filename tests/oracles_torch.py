@@ -61,7 +61,8 @@ def _query_heads(q, k):
     return k
 
 
-def _as_mask(a, device):
+def _on(device, a):
+    """keep or z (NumPy, a tensor or None) as a tensor on the oracle's device."""
     return None if a is None else torch.as_tensor(a, device=device)
 
 
@@ -100,7 +101,7 @@ def attention(q, k, v, keep=None, causal=False, scale=None, dtype=torch.float64,
     q, k, v = (_float64(a).to(dtype) for a in (q, k, v))
     with torch.no_grad():
         return _in_slices(lambda q, k, v, keep, z: _attention(q, k, v, keep, causal, scale, z),
-                          q, _query_heads(q, k), _query_heads(q, v), _as_mask(keep, q.device), _as_mask(z, q.device))
+                          q, _query_heads(q, k), _query_heads(q, v), _on(q.device, keep), _on(q.device, z))
 
 
 @one_thread()
@@ -116,8 +117,8 @@ def attention_grads(q, k, v, do, keep=None, causal=False, scale=None, dtype=torc
         return (o.detach(),)
 
     do = torch.as_tensor(do, device=q.device).to(dtype)
-    o, = _in_slices(backward, q, _query_heads(q, k), _query_heads(q, v), do, _as_mask(keep, q.device),
-                    _as_mask(z, q.device))
+    o, = _in_slices(backward, q, _query_heads(q, k), _query_heads(q, v), do, _on(q.device, keep),
+                    _on(q.device, z))
     return o, (q.grad, k.grad, v.grad)
 
 
@@ -136,7 +137,7 @@ def stored_o_grads(q, k, do, o, o_ref, keep=None, causal=False, scale=None):
         (-(delta[..., 0] * lse.nan_to_num(neginf=0.0))).sum().backward()
         return ()
 
-    _in_slices(backward, q, _query_heads(q, k), delta[..., None], _as_mask(keep, q.device))  # a column, as k
+    _in_slices(backward, q, _query_heads(q, k), delta[..., None], _on(q.device, keep))  # a column, as k
     return q.grad, k.grad
 
 

@@ -49,10 +49,11 @@ class Float32Linear(nn.Linear):
     """nn.Linear whose product runs in float32 under autocast, its output then in autocast's dtype.
 
     The q, k, v projection is one: with its product in bf16 (weights and inputs rounded to 8 bits)
-    the 4-layer model stayed at chance on the needle task after 300 steps, where the same product in
-    float32, everything else under the same bf16 autocast and the attention's q, k, v still bf16,
-    learned it by step 100 (CPU, n = 256, 16 rows a step, two seeds). The output projection and the
-    MLP in float32 did not help. Off autocast it is nn.Linear."""
+    the 4-layer model stayed at chance on the needle task (12.5% and 17.2% after 200 steps, two
+    seeds), where the same product in float32, everything else under the same bf16 autocast and the
+    attention's q, k, v still bf16, took its loss below 0.01 by step 100 and scored 100% at step 200
+    on both (CPU, torch's attention, n = 256, 16 rows a step, the answers' loss). The output
+    projection or the MLP in float32 instead did not help. Off autocast it is nn.Linear."""
 
     def forward(self, x):
         device = x.device.type

@@ -97,13 +97,13 @@ class Forked:
         deadline = None if timeout is None else time.monotonic() + timeout
         self.process.join(timeout)
         code = self.process.exitcode  # negative for a signal, as Popen's
+        if code is None:
+            raise subprocess.TimeoutExpired("pytest", timeout)
         if code == LOST:
             if not self.status.poll(None if deadline is None else max(0.0, deadline - time.monotonic())):
                 raise subprocess.TimeoutExpired("pytest", timeout)
             with contextlib.suppress(EOFError):
                 code = self.status.recv()
-        if code is None:
-            raise subprocess.TimeoutExpired("pytest", timeout)
         self.status.close()
         self.returncode = code
         return code

@@ -25,9 +25,11 @@ def test_the_product_is_float32_rounded_once_under_autocast():
 
 
 def test_off_autocast_it_is_a_linear():
+    """Float32Linear casting or rounding outside autocast: a float32 model's qkv would change."""
     linear, x = linear_and_input()
     assert torch.equal(linear(x), torch.nn.functional.linear(x, linear.weight, linear.bias))
 
 
 def test_every_attention_layer_projects_q_k_v_so():
+    """AttentionParameters back to nn.Linear for qkv: the needle task unlearned under bf16 autocast."""
     assert isinstance(AttentionParameters(GPTConfig(vocab_size=16, block_size=8)).qkv, Float32Linear)
