@@ -21,7 +21,10 @@ import torch
 class Progress:
     step: int
     loss: float  # the step's training loss
-    tokens_per_s: float  # tokens trained on per second, since the first step (evaluation not counted)
+    # Tokens trained on per second over the steps since the last report, evaluation not counted. The
+    # first step, which compiles and tunes the kernels (a minute and more on a GPU), counts only where
+    # it is reported alone: averaged into later steps, it hid their speed for hundreds of steps.
+    tokens_per_s: float
     accuracy: float | None = None  # the long-range task's, when an evaluation ran at this step
     stopped: bool = False  # Ctrl-C ended the run here
 
@@ -55,9 +58,12 @@ def train(model, batch, steps: int, lr: float, every: int, report, evaluate=None
                 busy += time.perf_counter() - start
                 tokens += b.tokens.numel()
                 last = Progress(step, loss.item(), tokens / busy)
-                if step % every == 0 or step == steps:
+                reported = step % every == 0 or step == steps
+                if reported:
                     last = replace(last, accuracy=_evaluate(model, evaluate))
                     report(last)
+                if reported or step == 1:
+                    tokens, busy = 0, 0.0
                 if pressed():
                     return replace(last, stopped=True)
         except KeyboardInterrupt:

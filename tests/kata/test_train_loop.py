@@ -71,3 +71,23 @@ def test_a_second_ctrl_c_stops_at_once():
 def test_without_ctrl_c_every_step_runs():
     last, reported = run(presses(at=0))
     assert (last.step, last.stopped, reported) == (STEPS, False, list(range(1, STEPS + 1)))
+
+
+def test_tokens_per_second_since_the_last_report_without_the_first_step(monkeypatch):
+    """A report's speed is its own steps' (the bug: every report averaged since step 1, whose compiling
+    and tuning took a minute and more on a GPU and hid the speed for hundreds of steps); the first step
+    counts only where it is reported alone."""
+    import kata.given.train as loop
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+
+    def batch(step):
+        clock[0] += 100.0 if step == 1 else 1.0 / step  # step 1 compiles; step s takes 1/s seconds
+        return Batch(torch.zeros(1, 3), torch.zeros(1, 3))  # 3 tokens a step
+
+    for every, expected in ((2, {2: 3 / (1 / 2), 4: 6 / (1 / 3 + 1 / 4), 5: 3 / (1 / 5)}),
+                            (1, {1: 3 / 100, 2: 3 / (1 / 2)})):
+        seen = []
+        train(Tiny(), batch, STEPS, 0.1, every, seen.append)
+        got = {p.step: p.tokens_per_s for p in seen if p.step in expected}
+        assert got == pytest.approx(expected), f"every {every}: tokens/s by step {got}, expected {expected}"
