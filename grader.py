@@ -104,7 +104,7 @@ def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
 
     words = args.words
     if words[:1] == ["train"]:
-        return commands.run_train(resolve_target(args.solutions, args.target), rest)
+        return commands.run_train(resolve_target(args.solutions, args.target), rest, args.timeout)
     if words[:1] == ["doctor"]:
         from kata.grader.doctor import main
         return main()

@@ -50,7 +50,8 @@ Given (kata/given/)
                dropout), Batch (tokens, targets, positions, doc_ids), IGNORE
     needle.py  the documents (filler, a needle, the question) and the task's accuracy
     train.py   the training loop: python grader.py train runs it on your layer
-    solved.py  solved("14").flash_attention, solved("13")'s document_mask, block_mask, block_sparse_attention
+    solved.py  solved("14").flash_attention, solved("13")'s document_mask, block_mask, block_sparse_attention:
+               the reference's for the tests; python grader.py train runs yours once they pass
 """
 import torch
 

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from kata.exercises import find, load
+from kata.exercises import SOLUTIONS_DIR, find, load
 from kata.given import needle
+from kata.given.solved import run_on_yours
 
 EXERCISE = "15"
+KERNELS = ("14", "13")  # what 15's layer runs on: 14's kernel for rows, 13's for packed rows
 # On the CPU this model, schedule and data, trained with torch's attention in place of the kernels, find the
 # needle near step 300 (93% at 300, 100% at 400; at 8 rows a step, not by 500); the interpreter takes 1-2 s a step.
 CPU = dict(context=32, batch=16, layers=1, heads=2, embd=64, steps=400, lr=1e-2, every=20, loss="all")
@@ -53,7 +55,9 @@ def parse(argv: list[str], defaults: dict, where: str) -> argparse.Namespace:
     return args
 
 
-def main(target: Path, argv: list[str]) -> int:
+def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = frozenset()) -> int:
+    """`passing`: the exercises of KERNELS whose files in `target` pass their tests; 15 runs on those,
+    and on the reference's for the rest."""
     from kata.gpu import triton_missing, use_triton_mode
     if missing := triton_missing():
         print(f"Training runs exercise {EXERCISE}'s layer on Triton kernels: {missing}.", file=sys.stderr)
@@ -66,6 +70,9 @@ def main(target: Path, argv: list[str]) -> int:
     from kata.given.gpt import GPT, GPTConfig
     from kata.given.train import train
     exercise = find(EXERCISE)
+    yours = set() if target == SOLUTIONS_DIR else set(passing) & set(KERNELS)  # solutions/ is the reference
+    for number in sorted(yours):
+        run_on_yours(number, load(find(number), target))  # before 15 loads, which takes their names
     ex = load(exercise, target)
     device = "cpu" if interpreted else "cuda"
     torch.manual_seed(args.seed)
@@ -91,6 +98,7 @@ def main(target: Path, argv: list[str]) -> int:
           f"{params:,} parameters) "
           f"with {target.name}/{exercise.filename} on {where}: {rows}, dropout {args.dropout}, {args.steps} steps, "
           f"the loss {'of the answers alone' if args.loss == 'answers' else 'of every token'}.\n"
+          f"{_kernels_line(KERNELS[args.pack], target, KERNELS[args.pack] in yours)}\n"
           f"The task: recall the needle hidden anywhere in a row of {args.context} (chance {needle.CHANCE:.1%}).\n"
           f"{'step':>7} {'loss':>8} {'tokens/s':>10} {'accuracy':>9}", flush=True)
 
@@ -110,6 +118,16 @@ def main(target: Path, argv: list[str]) -> int:
     print(f"Done: {last.step} steps, loss {last.loss:.3f}, {last.tokens_per_s:,.0f} tokens/s, "
           f"accuracy {last.accuracy:.1%} (chance {needle.CHANCE:.1%}).")
     return 0
+
+
+def _kernels_line(number: str, target: Path, yours: bool) -> str:
+    name = find(number).filename
+    if yours:
+        return f"The kernels: yours, {target.name}/{name} (its tests pass)."
+    if target == SOLUTIONS_DIR:
+        return f"The kernels: the reference's, solutions/{name}."
+    return (f"The kernels: the reference's, solutions/{name}: yours has not passed its tests as it is now. "
+            f"Once python grader.py {number} passes, training runs on yours.")
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,12 +1,13 @@
 """`python grader.py train`: exercise 15's GPT trained on the CPU at a tiny size, as a learner runs it."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from kata.exercises import ROOT
+from kata.exercises import ROOT, SOLUTIONS_DIR, find
 from kata.gpu import triton_missing
 
 pytest.importorskip("torch", reason="skipped: training needs PyTorch")
@@ -28,11 +29,13 @@ def test_progress_each_step_then_the_final_numbers(pack):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Training a GPT (1 layer, 2 heads, width 16,") and ("packed in one row" in lines[0]) == pack
     assert "the loss of every token" in lines[0], "the CPU's default loss is every token's"
-    assert lines[2].split() == ["step", "loss", "tokens/s", "accuracy"]
-    for step, line in zip((1, 2), lines[3:5]):
+    kernel = find("13" if pack else "14").filename
+    assert lines[1] == f"The kernels: the reference's, solutions/{kernel}.", lines[1]
+    assert lines[3].split() == ["step", "loss", "tokens/s", "accuracy"]
+    for step, line in zip((1, 2), lines[4:6]):
         fields = line.split()
         assert fields[0] == str(step) and float(fields[1]) > 0 and fields[3].endswith("%"), line
-    assert lines[5].startswith("Done: 2 steps, loss ") and "(chance 12.5%)" in lines[5], lines[5]
+    assert lines[6].startswith("Done: 2 steps, loss ") and "(chance 12.5%)" in lines[6], lines[6]
 
 
 @pytest.mark.parametrize("loss", ["answers", "all"])
@@ -43,6 +46,56 @@ def test_the_loss_asked_for_is_the_one_trained_and_named(loss):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     said = "the loss of the answers alone" if loss == "answers" else "the loss of every token"
     assert said in done.stdout.splitlines()[0]
+
+
+# Appended to a copy of solutions' 14: its flash_attention says when it runs.
+SAYS_WHEN_IT_RUNS = """
+import sys as _sys
+_counted = flash_attention
+
+
+def flash_attention(*args, **kwargs):
+    print("the copy's flash_attention ran", file=_sys.stderr)
+    return _counted(*args, **kwargs)
+"""
+
+
+@pytest.mark.parametrize("passing", [{"14"}, set()], ids=["14 passes", "14 not passing"])
+def test_training_runs_on_your_kernels_once_they_pass(tmp_path, passing):
+    """The learner's own 14 trains the model once its tests pass, the reference's until then, and the
+    header says which (the bug: 15 always ran on the reference's kernels, whatever the learner's did)."""
+    for number in ("13", "14", "15"):
+        shutil.copy(SOLUTIONS_DIR / find(number).filename, tmp_path)
+    with open(tmp_path / find("14").filename, "a", encoding="utf-8") as f:
+        f.write(SAYS_WHEN_IT_RUNS)
+    code = ("import sys; from pathlib import Path; from kata.tools.train import main; "
+            f"sys.exit(main(Path(sys.argv[1]), sys.argv[2:], {passing!r}))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), *TINY], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout.splitlines()[1]
+    ran = "the copy's flash_attention ran" in done.stderr
+    if passing:
+        assert ran and said == f"The kernels: yours, {tmp_path.name}/{find('14').filename} (its tests pass).", said
+    else:
+        assert not ran and said.startswith("The kernels: the reference's") and "python grader.py 14 passes" in said
+
+
+def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch):
+    """grader.py train asks the grader's cache whether 13 and 14 pass as they are now: a cached pass
+    only, never a failure, a stub (no ok result) or a file never run (no result)."""
+    from kata.grader import commands
+    from kata.grader.results import FAILING, PASSED, ExerciseResult
+    from kata.tools import train as command
+    results = {"13": None, "14": ExerciseResult(find("14"), ROOT, PASSED)}
+    monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: results[exercise.number])
+    handed = []
+    monkeypatch.setattr(command, "main", lambda target, argv, passing: handed.append(passing) or 0)
+    assert commands.run_train(ROOT / "exercises", [], 30.0) == 0
+    assert handed == [{"14"}]
+    results["14"] = ExerciseResult(find("14"), ROOT, FAILING)
+    commands.run_train(ROOT / "exercises", [], 30.0)
+    assert handed[-1] == set()
 
 
 def test_pack_refuses_dropout():
