@@ -113,7 +113,7 @@ def dispatch(args: argparse.Namespace, rest: list[str]) -> int:
         numbers = [int(n) for n in args.show[1:]]
         return commands.show_schedule(find(args.show[0]), numbers, args.causal, target)
     if args.bench:
-        return commands.run_bench(target, rest)
+        return commands.run_bench(target, rest, args.timeout)
     if args.watch:
         from kata.grader.watch import watch
         return watch(target, args.timeout, args.max_runs, args.poll)

@@ -9,7 +9,7 @@ sizes, attention dropout P = 0.1, GPT-2's) on rows of the needle task, B·n = T 
 steps of warm-up (the kernels compile), then S timed steps. The attention layer is, in turn:
 standard attention written in PyTorch (the n × n scores and probabilities in HBM, dropout a pass of
 its own), SDPA (PyTorch's dispatch, which picks its fastest backend for these inputs) and exercise
-15's layer in the target folder (on the solved 13 and 14, as `python grader.py train` runs it). The
+15's layer in the target folder, on your 14 once it passes, as `python grader.py train` runs it. The
 table gives tokens per second, the peak memory of the timed steps (torch.cuda.max_memory_allocated:
 weights, AdamW's state and the activations) and the ratios against standard attention and SDPA; a
 method that runs out of memory gets "OOM" in its cell and the benchmark goes on. Then, at each n
@@ -32,7 +32,7 @@ import numpy as np
 from kata.bench.common import default_backend, fmt, from_exercise, gpu_torch, guarded, pyplot, standard_attention
 from kata.exercises import SOLUTIONS_DIR
 from kata.given import needle
-from kata.tools.train import EVAL_ROWS, GPU
+from kata.tools.train import EVAL_ROWS, GPU, kernels_line, run_on_your_kernels
 
 TOKENS = 65536  # B·n of every cell
 SIZES = [1024 * 2**i for i in range(7)]  # 1k .. 64k
@@ -265,18 +265,21 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     print(f"plot: {path}")
 
 
-def main(target: Path, argv: list[str]) -> int:
+def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = frozenset()) -> int:
+    """`passing`: the learner's exercises 15 runs on, of kata/tools/train.py's KERNELS (theirs pass)."""
     args = parse(argv)
     torch = gpu_torch("python grader.py 15")
     if torch is None:
         return 2
     import triton
+    yours = run_on_your_kernels(target, passing)
     layers = methods(torch, target)
     names = list(layers)
     size = dict({key: GPU[key] for key in ("layers", "heads", "embd")}, dropout=args.dropout)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; bf16 autocast, "
           f"B·n = {args.tokens}, {size['layers']} layers, {size['heads']} heads, width {size['embd']}, dropout "
-          f"{args.dropout}; {args.warmup} + {args.steps} steps a cell; target {target}", flush=True)
+          f"{args.dropout}; {args.warmup} + {args.steps} steps a cell; target {target}\n"
+          f"{kernels_line('14', target, yours)}", flush=True)
     rows = run_cells(torch, layers, args.n, args.tokens, size, args.steps, args.warmup)
     if args.accuracy_steps:
         run_accuracy(torch, rows, names[-1], layers[names[-1]], size, args.accuracy_steps)

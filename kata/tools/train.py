@@ -70,9 +70,7 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
     from kata.given.gpt import GPT, GPTConfig
     from kata.given.train import train
     exercise = find(EXERCISE)
-    yours = set() if target == SOLUTIONS_DIR else set(passing) & set(KERNELS)  # solutions/ is the reference
-    for number in sorted(yours):
-        run_on_yours(number, load(find(number), target))  # before 15 loads, which takes their names
+    yours = run_on_your_kernels(target, passing)
     ex = load(exercise, target)
     device = "cpu" if interpreted else "cuda"
     torch.manual_seed(args.seed)
@@ -98,7 +96,7 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
           f"{params:,} parameters) "
           f"with {target.name}/{exercise.filename} on {where}: {rows}, dropout {args.dropout}, {args.steps} steps, "
           f"the loss {'of the answers alone' if args.loss == 'answers' else 'of every token'}.\n"
-          f"{_kernels_line(KERNELS[args.pack], target, KERNELS[args.pack] in yours)}\n"
+          f"{kernels_line(KERNELS[args.pack], target, yours)}\n"
           f"The task: recall the needle hidden anywhere in a row of {args.context} (chance {needle.CHANCE:.1%}).\n"
           f"{'step':>7} {'loss':>8} {'tokens/s':>10} {'accuracy':>9}", flush=True)
 
@@ -120,11 +118,21 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
     return 0
 
 
-def _kernels_line(number: str, target: Path, yours: bool) -> str:
+def run_on_your_kernels(target: Path, passing: frozenset[str] | set[str]) -> set[str]:
+    """Have solved() give the learner's exercises of KERNELS in `passing` (none for solutions/, the
+    reference itself): called before 15 loads, which takes their names as it loads. Returns those set."""
+    yours = set() if target.resolve() == SOLUTIONS_DIR else set(passing) & set(KERNELS)
+    for number in sorted(yours):
+        run_on_yours(number, load(find(number), target))
+    return yours
+
+
+def kernels_line(number: str, target: Path, yours: set[str]) -> str:
+    """Whose kernel of exercise `number` a run trains on, and how to make it yours."""
     name = find(number).filename
-    if yours:
+    if number in yours:
         return f"The kernels: yours, {target.name}/{name} (its tests pass)."
-    if target == SOLUTIONS_DIR:
+    if target.resolve() == SOLUTIONS_DIR:
         return f"The kernels: the reference's, solutions/{name}."
     return (f"The kernels: the reference's, solutions/{name}: yours has not passed its tests as it is now. "
             f"Once python grader.py {number} passes, training runs on yours.")

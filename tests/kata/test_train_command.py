@@ -81,21 +81,28 @@ def test_training_runs_on_your_kernels_once_they_pass(tmp_path, passing):
         assert not ran and said.startswith("The kernels: the reference's") and "python grader.py 14 passes" in said
 
 
-def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch):
-    """grader.py train asks the grader's cache whether 13 and 14 pass as they are now: a cached pass
-    only, never a failure, a stub (no ok result) or a file never run (no result)."""
+@pytest.mark.parametrize("command", ["train", "--bench train"])
+def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch, command):
+    """grader.py train and --bench train ask the grader's cache whether 13 and 14 pass as they are now:
+    a cached pass only, never a failure, a stub (no ok result) or a file never run (no result)."""
+    from kata.bench import train as bench
     from kata.grader import commands
     from kata.grader.results import FAILING, PASSED, ExerciseResult
-    from kata.tools import train as command
+    from kata.tools import train as tool
     results = {"13": None, "14": ExerciseResult(find("14"), ROOT, PASSED)}
     monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: results[exercise.number])
     handed = []
-    monkeypatch.setattr(command, "main", lambda target, argv, passing: handed.append(passing) or 0)
-    assert commands.run_train(ROOT / "exercises", [], 30.0) == 0
-    assert handed == [{"14"}]
+    monkeypatch.setattr(tool if command == "train" else bench, "main",
+                        lambda target, argv, passing: handed.append(passing) or 0)
+
+    def run():
+        if command == "train":
+            return commands.run_train(ROOT / "exercises", [], 30.0)
+        return commands.run_bench(ROOT / "exercises", ["train"], 30.0)
+
+    assert run() == 0 and handed == [{"14"}]
     results["14"] = ExerciseResult(find("14"), ROOT, FAILING)
-    commands.run_train(ROOT / "exercises", [], 30.0)
-    assert handed[-1] == set()
+    assert run() == 0 and handed[-1] == set()
 
 
 def test_pack_refuses_dropout():
