@@ -28,7 +28,7 @@ def test_progress_each_step_then_the_final_numbers(pack):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Training a GPT (1 layer, 2 heads, width 16,") and ("packed in one row" in lines[0]) == pack
-    assert "the loss of every token" in lines[0], "the CPU's default loss is every token's"
+    assert "the loss of the answers alone" in lines[0], "the default loss is the answers'"
     kernel = find("13" if pack else "14").filename
     assert lines[1] == f"The kernels: the reference's, solutions/{kernel}.", lines[1]
     assert lines[3].split() == ["step", "loss", "tokens/s", "accuracy"]
@@ -40,8 +40,8 @@ def test_progress_each_step_then_the_final_numbers(pack):
 
 @pytest.mark.parametrize("loss", ["answers", "all"])
 def test_the_loss_asked_for_is_the_one_trained_and_named(loss):
-    """--loss answers trains on the answers' targets alone (at long contexts every token's drowns them),
-    all on every token's, the CPU's default; the header says which."""
+    """--loss answers (the default) trains on the answers' targets alone (every token's drowns them), all
+    on every token's; the header says which."""
     done = train(*TINY, "--pack", "--loss", loss)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     said = "the loss of the answers alone" if loss == "answers" else "the loss of every token"
