@@ -13,6 +13,7 @@
     python grader.py --bench paper   the paper's Figure 2 on this GPU (09 against PyTorch attention)
     python grader.py --bench decode  split-KV decoding (10) against the GPU's copy bandwidth
     python grader.py --bench sparse  block-sparse attention (13) against FlexAttention and dense causal
+    python grader.py --bench train   15's GPT trained on your kernels against standard attention and SDPA
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import signal
 import sys
 
 from kata.exercises import format_numbers, numbers_where
-from kata.grader.runner import DEFAULT_TIMEOUT, GPU_FACTOR, default_workers
+from kata.grader.runner import COMPILED_FACTOR, DEFAULT_TIMEOUT, GPU_FACTOR, default_workers
 
 COMMANDS = ("hint", "reset", "solution", "doctor", "train")
 
@@ -40,8 +41,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--target", metavar="DIR", help="test the exercise files in DIR (also $KATA_TARGET)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds one exercise's tests may take in all (default {DEFAULT_TIMEOUT:.0f}; those with a "
-                        f"GPU stage, {format_numbers(numbers_where('needs_gpu'))}, get {GPU_FACTOR} times as long); "
-                        f"one test may take half of it")
+                        f"GPU stage, {format_numbers(numbers_where('needs_gpu'))}, get {GPU_FACTOR} times as long in "
+                        f"Triton's interpreter, {COMPILED_FACTOR} times on an NVIDIA GPU, where every kernel compiles); "
+                        f"one test may take half the exercise's time, the interpreter's on a GPU too")
     p.add_argument("--workers", type=int, default=default_workers(), metavar="N",
                    help="exercises run at once (default: one per CPU core, here %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable results")

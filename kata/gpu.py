@@ -2,6 +2,7 @@
 Triton exercises' kernels run compiled or in Triton's interpreter."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -47,6 +48,12 @@ def nvidia_gpus() -> list[str]:
         return []
     return [line.split(":", 1)[1].split("(UUID")[0].strip() for line in listing.splitlines()
             if line.startswith("GPU ") and ":" in line]
+
+
+@functools.cache
+def has_nvidia_gpu() -> bool:
+    """Whether nvidia-smi lists a GPU, asked once a process."""
+    return bool(nvidia_gpus())
 
 
 def unusable_gpu(torch_version: str, torch_cuda: str | None, cuda_available: bool, gpus: list[str]) -> str | None:

@@ -122,7 +122,7 @@ def _cut_short(result: ExerciseResult, events: list[dict], returncode: int | Non
             limit = re.search(r"Timeout \(>([\d.]+)s\)", hung.error["message"])
             seconds = f"{float(limit.group(1)):g}" if limit else "?"
             where.message = (f"too slow: test {hung.name} ran over {seconds} s, "
-                             f"the most one test may take (half the exercise's --timeout)")
+                             f"the most one test may take (--timeout raises it)")
         else:
             where.message = (f"too slow: over {killed_after:.0f} s, the most this exercise's tests may take in all "
                              f"(--timeout), " + (f"still in test {running}" if running else "before any test began"))

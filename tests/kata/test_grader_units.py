@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kata import gpu
-from kata.grader import launch, progress, reset
-from kata.exercises import EXERCISES, ROOT, format_numbers, numbers_where
+from kata.grader import launch, progress, reset, runner
+from kata.exercises import EXERCISES, ROOT, find, format_numbers, numbers_where
 from kata.grader.pytest_plugin import cap
 from kata.unfinished import mentions_not_implemented
 from kata.grader.report import details, summary
@@ -276,3 +276,15 @@ def test_a_forked_run_keeps_its_exit_code_when_the_fork_server_goes(tmp_path, te
     thread.join(120)
     returncode, output, killed, _ = ran["result"]
     assert killed == (code is None) and (code is None or returncode == code), (returncode, killed, output)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["CPU", "NVIDIA GPU"])
+def test_a_gpu_stage_gets_the_time_its_kernels_compile_in(monkeypatch, gpu):
+    """On an NVIDIA GPU a GPU stage's tests compile every kernel, the autotuned ones once a config (14's,
+    cold, ran over 240 s on an H100, where the limit was 300 s): their file gets 30 times --timeout there,
+    10 times in the interpreter; one test keeps half the interpreter's, so a hang is still caught soon."""
+    monkeypatch.setattr(runner, "has_nvidia_gpu", lambda: gpu)
+    stage, plain = find("14"), find("05")
+    assert runner.timeout_for(stage, 30.0) == (900.0 if gpu else 300.0)
+    assert runner.per_test_timeout(stage, 30.0) == 150.0
+    assert (runner.timeout_for(plain, 30.0), runner.per_test_timeout(plain, 30.0)) == (30.0, 15.0)

@@ -2,7 +2,7 @@
 import re
 
 from kata.exercises import ROOT, format_numbers, numbers_where
-from kata.grader.runner import GPU_FACTOR
+from kata.grader.runner import COMPILED_FACTOR, GPU_FACTOR
 
 README = ROOT / "README.md"
 
@@ -13,6 +13,7 @@ def test_the_readme_names_every_exercise_with_a_gpu_stage_where_it_lists_them():
     gpu = format_numbers(numbers_where("needs_gpu"))
     for sentence in (f"exercises {gpu} run in Triton's interpreter on the CPU",
                      f"on macOS and Windows {gpu} are skipped and the other exercises work as usual",
-                     f"{gpu} get {GPU_FACTOR} times as long",
+                     f"{gpu} get {GPU_FACTOR} times as long in Triton's interpreter, {COMPILED_FACTOR} times on an "
+                     "NVIDIA GPU",
                      f"the same tests of exercises {gpu} run compiled"):
         assert sentence in text, f"README.md should say: {sentence!r} (from kata/exercises.py)"
