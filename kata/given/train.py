@@ -55,9 +55,10 @@ def train(model, batch, steps: int, lr: float, every: int, report, evaluate=None
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
+                loss_value = loss.item()  # on a GPU, waits for the step's work: the time must hold it
                 busy += time.perf_counter() - start
                 tokens += b.tokens.numel()
-                last = Progress(step, loss.item(), tokens / busy)
+                last = Progress(step, loss_value, tokens / busy)
                 reported = step % every == 0 or step == steps
                 if reported:
                     last = replace(last, accuracy=_evaluate(model, evaluate))

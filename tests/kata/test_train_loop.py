@@ -91,3 +91,34 @@ def test_tokens_per_second_since_the_last_report_without_the_first_step(monkeypa
         train(Tiny(), batch, STEPS, 0.1, every, seen.append)
         got = {p.step: p.tokens_per_s for p in seen if p.step in expected}
         assert got == pytest.approx(expected), f"every {every}: tokens/s by step {got}, expected {expected}"
+
+
+def test_tokens_per_second_waits_for_the_steps_work(monkeypatch):
+    """On a GPU a step's kernels run after the Python that launched them returns: the time of a step
+    holds the wait for its loss (the bug: timed before it, an H100 showed twice the real speed)."""
+    import kata.given.train as loop
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+
+    class Queued(torch.nn.Module):
+        """Launching takes no time; reading the loss waits 2 s for the device."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, tokens, targets, positions=None, doc_ids=None, seed=0):
+            model = self
+
+            class Loss:
+                def backward(self):
+                    model.w.grad = torch.zeros(1)
+
+                def item(self):
+                    clock[0] += 2.0
+                    return 1.0
+            return None, Loss()
+
+    seen = []
+    train(Queued(), lambda step: Batch(torch.zeros(1, 3), torch.zeros(1, 3)), 3, 0.1, 1, seen.append)
+    assert [p.tokens_per_s for p in seen] == [1.5, 1.5, 1.5]
