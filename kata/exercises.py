@@ -105,6 +105,11 @@ def resolve_target(solutions: bool = False, target: str | os.PathLike | None = N
     return path
 
 
+def is_solutions(target: Path) -> bool:
+    """Whether `target` is solutions/, the reference answers."""
+    return target.resolve() == SOLUTIONS_DIR
+
+
 def load(exercise: Exercise, target: Path, prefix: str = "kata_target") -> ModuleType:
     """Import the exercise's file from `target` as a fresh module (its name starts with a digit), named
     `prefix`_NN_name: a solved exercise that a later one builds on (kata.given.solved) takes another

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from kata.bench.common import default_backend, fmt, from_exercise, gpu_torch, guarded, pyplot, standard_attention
-from kata.exercises import SOLUTIONS_DIR
+from kata.exercises import is_solutions
 from kata.given import needle
 from kata.tools.train import EVAL_ROWS, GPU, kernels_line, run_on_your_kernels
 
@@ -83,7 +83,7 @@ def torch_layer(attend):
 def methods(torch, target: Path) -> dict:
     """name -> attention layer class: standard, SDPA, and 15's (yours, or the reference for solutions/)."""
     import torch.nn.functional as F
-    mine = REFERENCE if target.resolve() == SOLUTIONS_DIR.resolve() else YOURS
+    mine = REFERENCE if is_solutions(target) else YOURS
     return {STANDARD: torch_layer(lambda q, k, v, p: standard_attention(torch, q, k, v, causal=True, dropout_p=p)),
             SDPA: torch_layer(lambda q, k, v, p: F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)),
             mine: from_exercise(mine, "15", target, "CausalSelfAttention")[0]}
@@ -279,7 +279,7 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; bf16 autocast, "
           f"B·n = {args.tokens}, {size['layers']} layers, {size['heads']} heads, width {size['embd']}, dropout "
           f"{args.dropout}; {args.warmup} + {args.steps} steps a cell; target {target}\n"
-          f"{kernels_line('14', target, yours)}", flush=True)
+          f"{kernels_line(target, yours, pack=False)}", flush=True)
     rows = run_cells(torch, layers, args.n, args.tokens, size, args.steps, args.warmup)
     if args.accuracy_steps:
         run_accuracy(torch, rows, names[-1], layers[names[-1]], size, args.accuracy_steps)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kata.dev.splice import splice
 from kata.exercises import ROOT, SOLUTIONS_DIR, Exercise
-from kata.grader.runner import DEFAULT_TIMEOUT, timeout_for
+from kata.grader.runner import DEFAULT_TIMEOUT, interpreted_timeout
 from kata.dev.trial import parse_args, run_tests, trials
 
 ALTERNATIVES_DIR = ROOT / "alternatives"
@@ -44,9 +44,9 @@ class Alternative:
 
     @property
     def budget(self) -> float:
-        """Seconds it may take: a third of the grader's limit for the exercise, counted as the grader
-        counts a forked run's (the fork server's imports are no trial's time)."""
-        return timeout_for(self.exercise, DEFAULT_TIMEOUT) / 3
+        """Seconds it may take: a third of the grader's limit for the exercise in the interpreter, counted
+        as the grader counts a forked run's (the fork server's imports are no trial's time)."""
+        return interpreted_timeout(self.exercise, DEFAULT_TIMEOUT) / 3
 
 
 def load_alternatives(exercise: Exercise) -> list[Alternative]:

@@ -22,7 +22,7 @@ from kata.grader.results import (TIMED_OUT, ExerciseResult, classify, missing_re
                                  untouched_result)
 from kata.grader.stub import stub_of
 
-DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage gets GPU_FACTOR times as long
+DEFAULT_TIMEOUT = 30.0  # seconds per exercise (01-05 take about one); a GPU stage's get a factor more
 GPU_FACTOR = 10  # a GPU stage's tests interpret many kernels on a CPU (14's take about 10 s on two cores)
 # On an NVIDIA GPU they compile every kernel variant instead, the autotuned ones once a config: 14's tests alone, in
 # one process, Triton's cache empty, ran over 240 s on an H100. One test's limit stays half the interpreter's.
@@ -37,15 +37,20 @@ def default_workers() -> int:
 
 
 def timeout_for(exercise: Exercise, timeout: float) -> float:
-    """The seconds an exercise's tests may take in all."""
-    if not exercise.needs_gpu:
-        return timeout
-    return timeout * (COMPILED_FACTOR if has_nvidia_gpu() else GPU_FACTOR)
+    """The seconds an exercise's tests may take in all, here."""
+    if exercise.needs_gpu and has_nvidia_gpu():
+        return timeout * COMPILED_FACTOR
+    return interpreted_timeout(exercise, timeout)
+
+
+def interpreted_timeout(exercise: Exercise, timeout: float) -> float:
+    """The seconds an exercise's tests may take in all where Triton interprets the kernels (a CPU)."""
+    return timeout * (GPU_FACTOR if exercise.needs_gpu else 1)
 
 
 def per_test_timeout(exercise: Exercise, timeout: float) -> float:
-    """The seconds one test may take: half of what the exercise's tests may take in the interpreter."""
-    return timeout * (GPU_FACTOR if exercise.needs_gpu else 1) / 2
+    """The seconds one test may take: half of interpreted_timeout, on a GPU too."""
+    return interpreted_timeout(exercise, timeout) / 2
 
 
 def run_exercise(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIMEOUT) -> ExerciseResult:

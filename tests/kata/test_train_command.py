@@ -29,8 +29,9 @@ def test_progress_each_step_then_the_final_numbers(pack):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Training a GPT (1 layer, 2 heads, width 16,") and ("packed in one row" in lines[0]) == pack
     assert "the loss of the answers alone" in lines[0], "the default loss is the answers'"
-    kernel = find("13" if pack else "14").filename
-    assert lines[1] == f"The kernels: the reference's, solutions/{kernel}.", lines[1]
+    rows = f"solutions/{find('14').filename}, the reference's"
+    kernels = f"packed rows on solutions/{find('13').filename}, the reference's; the accuracy's rows on {rows}"
+    assert lines[1] == f"The kernels: {kernels if pack else rows}.", lines[1]
     assert lines[3].split() == ["step", "loss", "tokens/s", "accuracy"]
     for step, line in zip((1, 2), lines[4:6]):
         fields = line.split()
@@ -75,34 +76,43 @@ def test_training_runs_on_your_kernels_once_they_pass(tmp_path, passing):
     assert done.returncode == 0, done.stdout + done.stderr
     said = done.stdout.splitlines()[1]
     ran = "the copy's flash_attention ran" in done.stderr
+    name = find("14").filename
     if passing:
-        assert ran and said == f"The kernels: yours, {tmp_path.name}/{find('14').filename} (its tests pass).", said
+        assert ran and said == f"The kernels: {tmp_path.name}/{name}, yours (its tests pass).", said
     else:
-        assert not ran and said.startswith("The kernels: the reference's") and "python grader.py 14 passes" in said
+        assert not ran and said == (f"The kernels: solutions/{name}, the reference's: yours does not pass its tests "
+                                    "(python grader.py 14)."), said
 
 
 @pytest.mark.parametrize("command", ["train", "--bench train"])
-def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch, command):
-    """grader.py train and --bench train ask the grader's cache whether 13 and 14 pass as they are now:
-    a cached pass only, never a failure, a stub (no ok result) or a file never run (no result)."""
+def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch, tmp_path, command):
+    """grader.py train and --bench train run on the learner's 13 and 14 where their tests pass as the
+    files are now: by the grader's cached result, else by running the tests (the bug: a pass cached under
+    another --timeout, or in a folder the grader does not cache, was never found); never on a failure or
+    an untouched stub; and solutions/ is the reference itself, nothing asked."""
     from kata.bench import train as bench
     from kata.grader import commands
-    from kata.grader.results import FAILING, PASSED, ExerciseResult
+    from kata.grader.results import FAILING, NOT_STARTED, PASSED, ExerciseResult
     from kata.tools import train as tool
-    results = {"13": None, "14": ExerciseResult(find("14"), ROOT, PASSED)}
-    monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: results[exercise.number])
+    known = {"13": None, "14": ExerciseResult(find("14"), tmp_path, PASSED)}
+    ran = {"13": ExerciseResult(find("13"), tmp_path, PASSED)}
+    monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: known[exercise.number])
+    monkeypatch.setattr(commands, "run_exercise", lambda exercise, target, timeout: ran.pop(exercise.number))
     handed = []
     monkeypatch.setattr(tool if command == "train" else bench, "main",
                         lambda target, argv, passing: handed.append(passing) or 0)
 
-    def run():
+    def run(target):
         if command == "train":
-            return commands.run_train(ROOT / "exercises", [], 30.0)
-        return commands.run_bench(ROOT / "exercises", ["train"], 30.0)
+            return commands.run_train(target, [], 30.0)
+        return commands.run_bench(target, ["train"], 30.0)
 
-    assert run() == 0 and handed == [{"14"}]
-    results["14"] = ExerciseResult(find("14"), ROOT, FAILING)
-    assert run() == 0 and handed[-1] == set()
+    assert run(tmp_path) == 0 and handed[-1] == {"13", "14"}, "14 passed before, 13's tests run and pass now"
+    known.update({"13": ExerciseResult(find("13"), tmp_path, NOT_STARTED),
+                  "14": ExerciseResult(find("14"), tmp_path, FAILING)})
+    assert run(tmp_path) == 0 and handed[-1] == set()
+    known.clear()  # solutions/ asks for nothing: a KeyError here
+    assert run(SOLUTIONS_DIR) == 0 and handed[-1] == set()
 
 
 def test_pack_refuses_dropout():

@@ -2,6 +2,7 @@
 to need the kernels."""
 import os
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_tokens_per_second_since_the_last_report_without_the_first_step(monkeypa
     counts only where it is reported alone."""
     import kata.given.train as loop
     clock = [0.0]
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def batch(step):
         clock[0] += 100.0 if step == 1 else 1.0 / step  # step 1 compiles; step s takes 1/s seconds
@@ -98,7 +99,7 @@ def test_tokens_per_second_waits_for_the_steps_work(monkeypatch):
     holds the wait for its loss (the bug: timed before it, an H100 showed twice the real speed)."""
     import kata.given.train as loop
     clock = [0.0]
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class Queued(torch.nn.Module):
         """Launching takes no time; reading the loss waits 2 s for the device."""
