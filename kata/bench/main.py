@@ -4,19 +4,20 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from kata.bench import decode, forward, paper, sparse, train
 from kata.bench.common import ColumnError
 
 
-def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = frozenset()) -> int:
+def main(target: Path, argv: list[str], passes: Callable[[str], bool] = lambda number: False) -> int:
     """The benchmark named first in `argv` (`paper`, `decode`, `sparse`, `train`), else the forward one, given the rest;
-    1 when a column has a bug, after its traceback (where to fix it) and the column's name. `passing`: the
-    exercises that pass as they are now, of those 15 trains on (train runs on them)."""
+    1 when a column has a bug, after its traceback (where to fix it) and the column's name. passes(number):
+    whether the learner's exercise `number` passes its tests as it is now (train runs on its kernel then)."""
     named = {"paper": paper, "decode": decode, "sparse": sparse, "train": train}.get(argv[0] if argv else "")
     try:
         if named is train:
-            return train.main(target, argv[1:], passing)
+            return train.main(target, argv[1:], passes)
         return named.main(target, argv[1:]) if named else forward.main(target, argv)
     except ColumnError as err:
         traceback.print_exception(err.__cause__)

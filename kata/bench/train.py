@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -265,14 +266,14 @@ def plot(rows: list[dict], names: list[str], path: Path) -> None:
     print(f"plot: {path}")
 
 
-def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = frozenset()) -> int:
-    """`passing`: the learner's exercises 15 runs on, of kata/tools/train.py's KERNELS (theirs pass)."""
+def main(target: Path, argv: list[str], passes: Callable[[str], bool] = lambda number: False) -> int:
+    """passes(number): whether the learner's exercise `number` passes its tests (15 runs on its kernel then)."""
     args = parse(argv)
     torch = gpu_torch("python grader.py 15")
     if torch is None:
         return 2
     import triton
-    yours = run_on_your_kernels(target, passing)
+    yours = run_on_your_kernels(target, passes, pack=False)
     layers = methods(torch, target)
     names = list(layers)
     size = dict({key: GPU[key] for key in ("layers", "heads", "embd")}, dropout=args.dropout)

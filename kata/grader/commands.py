@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kata.grader import report
 from kata.tools import io_report, schedule_view
-from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, find, is_solutions, load
+from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, find, load
 from kata.grader.progress import Progress
 from kata.grader.results import ExerciseResult, display_path
 from kata.grader.runner import known_result, run_exercise, run_many
@@ -81,32 +81,24 @@ def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: 
 
 def run_bench(target: Path, argv: list[str], timeout: float) -> int:
     from kata.bench.main import main  # the benchmarks' modules, loaded only when one is asked for
-    return main(target, argv, _passing(target, timeout) if argv[:1] == ["train"] else set())
+    return main(target, argv, lambda number: _passes(find(number), target, timeout))
 
 
 def run_train(target: Path, argv: list[str], timeout: float) -> int:
     from kata.tools import train  # torch and the model, loaded only when asked for
-    return train.main(target, argv, _passing(target, timeout))
+    return train.main(target, argv, lambda number: _passes(find(number), target, timeout))
 
 
-def _passing(target: Path, timeout: float) -> set[str]:
-    """The exercises 15 trains on (kata/tools/train.py's KERNELS) whose tests pass as the files are now:
-    training runs on the learner's own kernels there, the reference's elsewhere. The grader's cached
-    result where it has one; else the tests run, as `python grader.py NN` runs them."""
-    from kata.tools.train import KERNELS
-    if is_solutions(target):  # the reference itself
-        return set()
-    passing = set()
-    for number in KERNELS:
-        exercise = find(number)
-        if (result := known_result(exercise, target, timeout)) is None:
-            print(f"Running {number}'s tests first: training runs on your kernels once they pass.", file=sys.stderr,
-                  flush=True)
-            result = run_exercise(exercise, target, timeout)
-            remember([result], target)
-        if result.ok:
-            passing.add(number)
-    return passing
+def _passes(exercise: Exercise, target: Path, timeout: float) -> bool:
+    """Whether the exercise's file passes its tests as it is now, asked where training would run on
+    the learner's kernel: the grader's cached result where it has one, else the tests run, as
+    `python grader.py NN` runs them."""
+    if (result := known_result(exercise, target, timeout)) is None:
+        print(f"Running {exercise.number}'s tests first: training runs on your kernels once they pass.",
+              file=sys.stderr, flush=True)
+        result = run_exercise(exercise, target, timeout)
+        remember([result], target)
+    return result.ok
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:

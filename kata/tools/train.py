@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -18,7 +19,9 @@ from kata.given import needle
 from kata.given.solved import run_on_yours
 
 EXERCISE = "15"
-KERNELS = ("14", "13")  # what 15's layer runs on: 14's kernel for rows (the accuracy's too), 13's for packed rows
+# The kernels a run trains on, by --pack, and what for: 15's layer runs 14's on rows (the accuracy's
+# rows too) and 13's on packed rows.
+USES = {False: {"14": ""}, True: {"13": "packed rows on ", "14": "the accuracy's rows on "}}
 # Both train on the answers' loss (kata/given/needle.py's answers_only): on every token's, the filler's drowns
 # the answer, at long contexts for good and at the CPU's 32 tokens for 300 to 400 steps. The CPU's model, torch's
 # attention in place of the kernels, reaches 98-100% at step 100 over four seeds (not at 8 rows a step: 39-98%);
@@ -58,9 +61,9 @@ def parse(argv: list[str], defaults: dict, where: str) -> argparse.Namespace:
     return args
 
 
-def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = frozenset()) -> int:
-    """`passing`: the exercises of KERNELS whose files in `target` pass their tests; 15 runs on those,
-    and on the reference's for the rest."""
+def main(target: Path, argv: list[str], passes: Callable[[str], bool] = lambda number: False) -> int:
+    """passes(number): whether exercise `number`'s file in `target` passes its tests; 15 runs on the
+    kernels of those that pass, and on the reference's for the rest."""
     from kata.gpu import triton_missing, use_triton_mode
     if missing := triton_missing():
         print(f"Training runs exercise {EXERCISE}'s layer on Triton kernels: {missing}.", file=sys.stderr)
@@ -73,7 +76,7 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
     from kata.given.gpt import GPT, GPTConfig
     from kata.given.train import train
     exercise = find(EXERCISE)
-    yours = run_on_your_kernels(target, passing)
+    yours = run_on_your_kernels(target, passes, args.pack)
     ex = load(exercise, target)
     device = "cpu" if interpreted else "cuda"
     torch.manual_seed(args.seed)
@@ -121,10 +124,11 @@ def main(target: Path, argv: list[str], passing: frozenset[str] | set[str] = fro
     return 0
 
 
-def run_on_your_kernels(target: Path, passing: frozenset[str] | set[str]) -> set[str]:
-    """Have solved() give the learner's exercises of KERNELS in `passing` (none for solutions/, the
-    reference itself): called before 15 loads, which takes their names as it loads. Returns those set."""
-    yours = set() if is_solutions(target) else set(passing) & set(KERNELS)
+def run_on_your_kernels(target: Path, passes: Callable[[str], bool], pack: bool) -> set[str]:
+    """Have solved() give the learner's kernels the run uses (14's; with --pack 13's too) where they pass
+    (none for solutions/, the reference itself): called before 15 loads, which takes their names as it
+    loads. Returns the numbers set."""
+    yours = set() if is_solutions(target) else {number for number in USES[pack] if passes(number)}
     for number in sorted(yours):
         run_on_yours(number, load(find(number), target))
     return yours
@@ -133,8 +137,7 @@ def run_on_your_kernels(target: Path, passing: frozenset[str] | set[str]) -> set
 def kernels_line(target: Path, yours: set[str], pack: bool) -> str:
     """Whose kernels a run trains on, and how to make them yours: 14's for rows, and with --pack 13's
     for the packed rows and 14's for the accuracy's rows."""
-    uses = [("13", "packed rows on "), ("14", "the accuracy's rows on ")] if pack else [("14", "")]
-    return "The kernels: " + "; ".join(use + _whose(number, target, yours) for number, use in uses) + "."
+    return "The kernels: " + "; ".join(use + _whose(number, target, yours) for number, use in USES[pack].items()) + "."
 
 
 def _whose(number: str, target: Path, yours: set[str]) -> str:

@@ -16,7 +16,7 @@ def repo(tmp_path_factory):
     root = make_repo(tmp_path_factory.mktemp("kata"), real=("01",), fake={"05": SOLUTION})
     (root / "kata" / "tools" / "io_report.py").write_text("def table(module):\n    return f'IO TABLE of {module.answer()}'\n")
     (root / "kata" / "bench" / "main.py").write_text(
-        "def main(target_dir, argv, passing):\n    print('BENCH', target_dir.name, argv)\n    return 0\n")
+        "def main(target_dir, argv, passes):\n    print('BENCH', target_dir.name, argv)\n    return 0\n")
     (root / "kata" / "tools" / "schedule_view.py").write_text("def show(module, **sizes):\n    return f'SCHEDULE {sizes}', True\n")
     return root
 

@@ -70,7 +70,7 @@ def test_training_runs_on_your_kernels_once_they_pass(tmp_path, passing):
     with open(tmp_path / find("14").filename, "a", encoding="utf-8") as f:
         f.write(SAYS_WHEN_IT_RUNS)
     code = ("import sys; from pathlib import Path; from kata.tools.train import main; "
-            f"sys.exit(main(Path(sys.argv[1]), sys.argv[2:], {passing!r}))")
+            f"sys.exit(main(Path(sys.argv[1]), sys.argv[2:], {passing!r}.__contains__))")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path), *TINY], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -85,34 +85,47 @@ def test_training_runs_on_your_kernels_once_they_pass(tmp_path, passing):
 
 
 @pytest.mark.parametrize("command", ["train", "--bench train"])
-def test_the_grader_hands_training_the_kernels_that_pass(monkeypatch, tmp_path, command):
+def test_the_grader_asks_whether_a_kernel_passes_as_it_is_now(monkeypatch, tmp_path, command):
     """grader.py train and --bench train run on the learner's 13 and 14 where their tests pass as the
     files are now: by the grader's cached result, else by running the tests (the bug: a pass cached under
     another --timeout, or in a folder the grader does not cache, was never found); never on a failure or
-    an untouched stub; and solutions/ is the reference itself, nothing asked."""
+    an untouched stub."""
     from kata.bench import train as bench
     from kata.grader import commands
     from kata.grader.results import FAILING, NOT_STARTED, PASSED, ExerciseResult
     from kata.tools import train as tool
-    known = {"13": None, "14": ExerciseResult(find("14"), tmp_path, PASSED)}
-    ran = {"13": ExerciseResult(find("13"), tmp_path, PASSED)}
+    known = {"13": None, "14": ExerciseResult(find("14"), tmp_path, PASSED), "12": None}
+    ran = {"13": ExerciseResult(find("13"), tmp_path, PASSED), "12": ExerciseResult(find("12"), tmp_path, FAILING)}
     monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: known[exercise.number])
     monkeypatch.setattr(commands, "run_exercise", lambda exercise, target, timeout: ran.pop(exercise.number))
-    handed = []
+    answers = {}
     monkeypatch.setattr(tool if command == "train" else bench, "main",
-                        lambda target, argv, passing: handed.append(passing) or 0)
+                        lambda target, argv, passes: answers.update((n, passes(n)) for n in ("14", "13", "12")) or 0)
 
-    def run(target):
+    def run():
         if command == "train":
-            return commands.run_train(target, [], 30.0)
-        return commands.run_bench(target, ["train"], 30.0)
+            return commands.run_train(tmp_path, [], 30.0)
+        return commands.run_bench(tmp_path, ["train"], 30.0)
 
-    assert run(tmp_path) == 0 and handed[-1] == {"13", "14"}, "14 passed before, 13's tests run and pass now"
+    assert run() == 0
+    assert answers == {"14": True, "13": True, "12": False}, "14 passed before; 13 and 12 run now, 12 failing"
+    assert not ran, "each test file that had no result is run once"
     known.update({"13": ExerciseResult(find("13"), tmp_path, NOT_STARTED),
-                  "14": ExerciseResult(find("14"), tmp_path, FAILING)})
-    assert run(tmp_path) == 0 and handed[-1] == set()
-    known.clear()  # solutions/ asks for nothing: a KeyError here
-    assert run(SOLUTIONS_DIR) == 0 and handed[-1] == set()
+                  "14": ExerciseResult(find("14"), tmp_path, FAILING),
+                  "12": ExerciseResult(find("12"), tmp_path, FAILING)})
+    assert run() == 0
+    assert (answers["13"], answers["14"]) == (False, False), "an untouched stub and a failure"
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["rows", "packed"])
+def test_a_run_asks_only_for_the_kernels_it_uses_and_never_in_solutions(tmp_path, pack):
+    """Rows run 14's kernel (13's tests are not run for them); --pack 13's and 14's (the accuracy's
+    rows); solutions/ is the reference itself, nothing asked."""
+    from kata.tools.train import run_on_your_kernels
+    asked = []
+    assert run_on_your_kernels(tmp_path, lambda n: asked.append(n) and False, pack) == set()
+    assert sorted(asked) == (["13", "14"] if pack else ["14"])
+    assert run_on_your_kernels(SOLUTIONS_DIR, lambda n: pytest.fail(f"asked for {n}"), pack) == set()
 
 
 def test_pack_refuses_dropout():
