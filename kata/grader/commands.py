@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 from kata.grader import report
 from kata.tools import io_report, schedule_view
 from kata.exercises import EXERCISES, EXERCISES_DIR, SOLUTIONS_DIR, Exercise, find, load
 from kata.grader.progress import Progress
 from kata.grader.results import ExerciseResult, display_path
-from kata.grader.runner import known_result, run_exercise, run_many
+from kata.grader.runner import known_result, run_exercise, run_many, run_tests
 
 IO_EXERCISE = ("05", "08")  # forward, backward: once each passes, the report shows its IO table
 SPARSE_EXERCISE = "12"  # once it passes: block-sparse traffic at 64k
@@ -81,24 +82,27 @@ def show_schedule(exercise: Exercise, numbers: list[int], causal: bool, target: 
 
 def run_bench(target: Path, argv: list[str], timeout: float) -> int:
     from kata.bench.main import main  # the benchmarks' modules, loaded only when one is asked for
-    return main(target, argv, lambda number: _passes(find(number), target, timeout))
+    return main(target, argv, _passes(target, timeout))
 
 
 def run_train(target: Path, argv: list[str], timeout: float) -> int:
     from kata.tools import train  # torch and the model, loaded only when asked for
-    return train.main(target, argv, lambda number: _passes(find(number), target, timeout))
+    return train.main(target, argv, _passes(target, timeout))
 
 
-def _passes(exercise: Exercise, target: Path, timeout: float) -> bool:
-    """Whether the exercise's file passes its tests as it is now, asked where training would run on
-    the learner's kernel: the grader's cached result where it has one, else the tests run, as
-    `python grader.py NN` runs them."""
-    if (result := known_result(exercise, target, timeout)) is None:
-        print(f"Running {exercise.number}'s tests first: training runs on your kernels once they pass.",
-              file=sys.stderr, flush=True)
-        result = run_exercise(exercise, target, timeout)
-        remember([result], target)
-    return result.ok
+def _passes(target: Path, timeout: float) -> Callable[[str], bool]:
+    """passes(number): whether exercise `number`'s file in `target` passes its tests as it is now, asked
+    where training would run on the learner's kernel: the grader's cached result where it has one,
+    else the tests run, as `python grader.py NN` runs them."""
+    def passes(number: str) -> bool:
+        exercise = find(number)
+        if (result := known_result(exercise, target, timeout)) is None:
+            print(f"Running {number}'s tests first: training runs on your kernels once they pass.",
+                  file=sys.stderr, flush=True)
+            result = run_tests(exercise, target, timeout)
+            remember([result], target)
+        return result.ok
+    return passes
 
 
 def _io_table(results: list[ExerciseResult], target: Path) -> None:

@@ -55,7 +55,12 @@ def per_test_timeout(exercise: Exercise, timeout: float) -> float:
 
 def run_exercise(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIMEOUT) -> ExerciseResult:
     """Run `exercise`'s test file against `target`'s file and classify what happened."""
-    return known_result(exercise, target, timeout) or _run_tests(exercise, target, timeout, forked=False)
+    return known_result(exercise, target, timeout) or run_tests(exercise, target, timeout)
+
+
+def run_tests(exercise: Exercise, target: Path, timeout: float = DEFAULT_TIMEOUT) -> ExerciseResult:
+    """run_exercise where known_result has been asked already and had no answer."""
+    return _run_tests(exercise, target, timeout, forked=False)
 
 
 def known_result(exercise: Exercise, target: Path, timeout: float) -> ExerciseResult | None:

@@ -97,7 +97,7 @@ def test_the_grader_asks_whether_a_kernel_passes_as_it_is_now(monkeypatch, tmp_p
     known = {"13": None, "14": ExerciseResult(find("14"), tmp_path, PASSED), "12": None}
     ran = {"13": ExerciseResult(find("13"), tmp_path, PASSED), "12": ExerciseResult(find("12"), tmp_path, FAILING)}
     monkeypatch.setattr(commands, "known_result", lambda exercise, target, timeout: known[exercise.number])
-    monkeypatch.setattr(commands, "run_exercise", lambda exercise, target, timeout: ran.pop(exercise.number))
+    monkeypatch.setattr(commands, "run_tests", lambda exercise, target, timeout: ran.pop(exercise.number))
     answers = {}
     monkeypatch.setattr(tool if command == "train" else bench, "main",
                         lambda target, argv, passes: answers.update((n, passes(n)) for n in ("14", "13", "12")) or 0)

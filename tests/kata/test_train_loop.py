@@ -74,13 +74,19 @@ def test_without_ctrl_c_every_step_runs():
     assert (last.step, last.stopped, reported) == (STEPS, False, list(range(1, STEPS + 1)))
 
 
-def test_tokens_per_second_since_the_last_report_without_the_first_step(monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """The training loop's clock, [seconds]: it moves only where a test moves it."""
+    import kata.given.train as loop
+    now = [0.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+def test_tokens_per_second_since_the_last_report_without_the_first_step(clock):
     """A report's speed is its own steps' (the bug: every report averaged since step 1, whose compiling
     and tuning took a minute and more on a GPU and hid the speed for hundreds of steps); the first step
     counts only where it is reported alone."""
-    import kata.given.train as loop
-    clock = [0.0]
-    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def batch(step):
         clock[0] += 100.0 if step == 1 else 1.0 / step  # step 1 compiles; step s takes 1/s seconds
@@ -94,12 +100,9 @@ def test_tokens_per_second_since_the_last_report_without_the_first_step(monkeypa
         assert got == pytest.approx(expected), f"every {every}: tokens/s by step {got}, expected {expected}"
 
 
-def test_tokens_per_second_waits_for_the_steps_work(monkeypatch):
+def test_tokens_per_second_waits_for_the_steps_work(clock):
     """On a GPU a step's kernels run after the Python that launched them returns: the time of a step
     holds the wait for its loss (the bug: timed before it, an H100 showed twice the real speed)."""
-    import kata.given.train as loop
-    clock = [0.0]
-    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class Queued(torch.nn.Module):
         """Launching takes no time; reading the loss waits 2 s for the device."""
