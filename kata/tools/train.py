@@ -100,7 +100,7 @@ def main(target: Path, argv: list[str], passes: Callable[[str], bool] = lambda n
             if args.pack else f"rows of {args.context} tokens, {args.batch} a step")
     print(f"Training a GPT ({_count(args.layers, 'layer')}, {_count(args.heads, 'head')}, width {args.embd}, "
           f"{params:,} parameters) "
-          f"with {target.name}/{exercise.filename} on {where}: {rows}, dropout {args.dropout}, {args.steps} steps, "
+          f"with {target.name}/{exercise.filename} on {where}: {rows}, dropout {args.dropout}, {_count(args.steps, 'step')}, "
           f"the loss {'of the answers alone' if args.loss == 'answers' else 'of every token'}.\n"
           f"{kernels_line(target, yours, args.pack)}\n"
           f"The task: recall the needle hidden anywhere in a row of {args.context} (chance {needle.CHANCE:.1%}).\n"
